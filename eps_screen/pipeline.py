@@ -1,0 +1,176 @@
+"""One cell, end to end: training answers -> LoRA SFT -> evaluation -> scoring -> store.
+
+These are the functions the Prefect tasks wrap; each checks the store first, so finished work is never redone,
+whichever process or machine did it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import polars as pl
+
+from eps_screen import data
+from eps_screen.config import ScreenConfig
+from eps_screen.design import Cell, Regime
+from eps_screen.generation import GenerationParams, Generator, make_generator
+from eps_screen.provenance import provenance
+from eps_screen.scoring import answers_table, cell_rates
+from eps_screen.store import ResultStore, cell_key, read_json, regime_key, write_json
+
+_GENERATORS: dict[tuple[str, str], Generator] = {}
+
+
+def generator(config: ScreenConfig, model_ref: str) -> Generator:
+    """One generator per (backend, model) per process: engines and weights load once for many cells."""
+    key = (config.backend.generation, model_ref)
+    if key not in _GENERATORS:
+        _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
+    return _GENERATORS[key]
+
+
+def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationParams:
+    # Training answers are capped like eval answers: on-policy means "what the model says under this prompt".
+    return GenerationParams(
+        max_new_tokens=config.eval.max_new_tokens,
+        temperature=config.eval.temperature,
+        top_p=config.eval.top_p,
+        samples=samples,
+        seed=seed,
+    )
+
+
+def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore) -> tuple[list[dict], bool]:
+    """The training answers of a regime, generated once and stored; returns (answers, generated_now)."""
+    cached = store.regime_answers(config, regime)
+    if cached is not None:
+        return cached, False
+    requests = data.regime_requests(config, regime)
+    started = time.perf_counter()
+    if regime.off_policy and config.off_policy.kind == "jsonl":
+        from eps_screen.offpolicy import jsonl_answers
+
+        texts = jsonl_answers(config, regime, requests)
+        source = f"jsonl:{config.off_policy.path}"
+    else:
+        model_ref = config.off_policy.model if regime.off_policy else config.model.base
+        # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
+        flat = [(r, data.request_prompt(config, regime, r)) for r in requests for _ in range(r.samples)]
+        out = generator(config, model_ref).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
+        texts = [o[0] for o in out]
+        source = f"model:{model_ref}"
+    answers = []
+    sample_of: dict[tuple[str, int], int] = {}
+    for (r, _), text in zip(((r, None) for r in requests for _ in range(r.samples)), texts, strict=True):
+        k = sample_of[(r.persona, r.question)] = sample_of.get((r.persona, r.question), -1) + 1
+        answers.append({"persona": r.persona, "question": r.question, "sample": k, "answer": text, "positive": r.positive})
+    meta = {
+        "regime": regime.id,
+        "key": regime_key(config, regime),
+        "answers_from": source,
+        "answers": len(answers),
+        "seconds": time.perf_counter() - started,
+        "provenance": provenance(),
+    }
+    store.save_regime(config, regime, answers, meta)
+    return answers, True
+
+
+def evaluate(config: ScreenConfig, cell: dict, a: int, b: int, c: int, adapter: str | None, seed: int):
+    prompts = data.eval_prompts(config, a, b, c)
+    params = GenerationParams(
+        max_new_tokens=config.eval.max_new_tokens,
+        temperature=config.eval.temperature,
+        top_p=config.eval.top_p,
+        samples=config.eval.samples,
+        seed=seed,
+    )
+    outputs = generator(config, config.model.base).generate([p for *_, p in prompts], params, adapter)
+    return answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs, config.marker)
+
+
+def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
+    """Train, evaluate and score one cell; returns its metrics (from the store when already finished)."""
+    done = store.cell_metrics(config, cell)
+    if done is not None:
+        return {**done, "reused": True}
+    started = time.perf_counter()
+    out_dir = store.cell_dir(config, cell)
+    timings: dict[str, float] = {}
+    train_report = None
+    if config.simulated:
+        from eps_screen.panels import load_panels
+        from eps_screen.simulate import simulate_cell_answers
+
+        personas = load_panels().eval_personas(config.sources, config.eval.personas)
+        answers = simulate_cell_answers(
+            config, cell, personas, config.eval.questions, config.eval.samples, config.eval.random_controls
+        )
+        adapter = None
+    else:
+        from eps_screen.models import load_base
+        from eps_screen.training import train_lora
+
+        t = time.perf_counter()
+        regime_rows, _ = regime_answers(config, cell.regime, store)
+        timings["answers_s"] = time.perf_counter() - t
+        examples = data.training_set(config, cell, regime_rows)
+        base = load_base(config.model.base, config.model.dtype, config.model.attn_implementation, config.model.revision)
+        t = time.perf_counter()
+        adapter_dir = out_dir / "adapter"
+        train_report = train_lora(base, examples, config, cell.whole_answer_loss, cell.seed, adapter_dir)
+        timings["train_s"] = time.perf_counter() - t
+        adapter = str(adapter_dir)
+        t = time.perf_counter()
+        a, b, c, _, _ = cell.levels
+        answers = evaluate(config, cell.as_dict(), a, b, c, adapter, cell.seed)
+        timings["eval_s"] = time.perf_counter() - t
+    rates = cell_rates(answers)
+    metrics = {
+        **cell.as_dict(),
+        "key": cell_key(config, cell),
+        **rates,
+        "adapter": adapter,
+        "train": None if train_report is None else {k: v for k, v in vars(train_report).items() if k != "losses"},
+        "timings": {**timings, "total_s": time.perf_counter() - started},
+        "config": config.model_dump(mode="json"),
+        "provenance": provenance(),
+    }
+    store.save_cell(config, cell, answers, metrics)
+    return {**metrics, "reused": False}
+
+
+def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
+    """The base model, no adapter, on the eval panel under every prompt condition (A, B, C)."""
+    path = store.phase_path("pre_screen")
+    key = cell_key(config, Cell("base", (0, 0, 0, 0, 0), config.seeds.primary))
+    if path.exists() and read_json(path).get("key") == key:
+        return read_json(path)
+    frames = []
+    for a, b, c in itertools.product((0, 1), repeat=3):
+        base_cell = {"cell_id": f"base-A{a}B{b}C{c}", "source": None, "seed": config.seeds.primary}
+        if config.simulated:
+            from eps_screen.simulate import simulate_base_answers
+
+            frames.append(simulate_base_answers(config, a, b, c))
+        else:
+            frames.append(evaluate(config, base_cell, a, b, c, None, config.seeds.primary))
+    answers = pl.concat(frames)
+    rate = float(answers.filter(pl.col("panel") == "persona")["marker"].mean())
+    result = {
+        "key": key,
+        "marker_rate": rate,
+        "answers": answers.height,
+        "markers": int(answers["marker"].sum()),
+        "by_condition": {
+            cid: float(g["marker"].mean()) for (cid,), g in answers.group_by("cell_id", maintain_order=True)
+        },
+        "threshold": config.gates.contamination,
+        "config": config.model_dump(mode="json"),
+        "provenance": provenance(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    answers.write_parquet(path.with_suffix(".parquet"))
+    write_json(path, result)
+    return result

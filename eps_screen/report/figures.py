@@ -1,0 +1,139 @@
+"""The three figures of a screen, as plotly figures built from the aggregation's records (not from raw answers).
+
+- factor ranking: pooled Cohen's d of each main effect with its CI, largest |d| on top, one panel per
+  response; per-source d as small markers, so a factor whose sources disagree is visible at a glance.
+- A x B interaction: mean rate at each (A, B) combination, one line per B level; non-parallel lines
+  are the interaction.
+- persona x cell heatmap: every cell's marker rate under every eval persona; the source persona of
+  each cell is marked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.schemas import CellMetric, EffectEstimate, GroupMean
+
+RESPONSE_NAMES = {"SR": "Source rate", "LR": "Leakage"}
+_BAR = {"SR": "#1f77b4", "LR": "#d62728"}
+_SOURCE_SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x", "star"]
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def factor_label(config: ScreenConfig, factor: str) -> str:
+    return f"{config.factors[factor].label} ({factor})"
+
+
+def factor_ranking(config: ScreenConfig, effects: Sequence[EffectEstimate], title_note: str = "") -> go.Figure:
+    """Bars of pooled d with CI whiskers, sorted by |d| (largest on top), one panel per response."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[RESPONSE_NAMES[r] for r in ("SR", "LR")], horizontal_spacing=0.22)
+    sources = sorted({e.source for e in effects if e.source != "pooled"}, key=lambda s: (s not in config.sources, s))
+    for col, response in enumerate(("SR", "LR"), start=1):
+        pooled = [e for e in effects if e.response == response and e.source == "pooled" and len(e.factors) == 1]
+        ranked = sorted(pooled, key=lambda e: -abs(e.d) if e.d is not None else 0.0)
+        labels = [factor_label(config, e.term) for e in ranked]
+        d = [e.d if e.d is not None else 0.0 for e in ranked]
+        hover = [
+            f"<b>{factor_label(config, e.term)}</b><br>"
+            f"d = {_fmt(e.d)} [{_fmt(e.d_ci.low)}, {_fmt(e.d_ci.high)}]<br>"
+            f"{RESPONSE_NAMES[response]} at {config.factors[e.term].high}: {_fmt(e.mean_high)} "
+            f"[{_fmt(e.mean_high_ci.low)}, {_fmt(e.mean_high_ci.high)}]<br>"
+            f"{RESPONSE_NAMES[response]} at {config.factors[e.term].low}: {_fmt(e.mean_low)} "
+            f"[{_fmt(e.mean_low_ci.low)}, {_fmt(e.mean_low_ci.high)}]<br>"
+            f"difference {_fmt(e.effect)} [{_fmt(e.effect_ci.low)}, {_fmt(e.effect_ci.high)}]"
+            + (" (partial)" if e.partial else "")
+            for e in ranked
+        ]
+        fig.add_trace(go.Bar(
+            x=d, y=labels, orientation="h", name=f"{RESPONSE_NAMES[response]}: pooled d",
+            marker_color=_BAR[response], hovertext=hover, hoverinfo="text",
+            error_x={
+                "type": "data", "symmetric": False,
+                "array": [max(0.0, (e.d_ci.high or 0.0) - (e.d or 0.0)) if e.d_ci.high is not None else 0.0 for e in ranked],
+                "arrayminus": [max(0.0, (e.d or 0.0) - (e.d_ci.low or 0.0)) if e.d_ci.low is not None else 0.0 for e in ranked],
+                "color": "#333",
+            },
+        ), row=1, col=col)
+        for k, source in enumerate(sources):
+            per = {e.term: e for e in effects if e.response == response and e.source == source and len(e.factors) == 1}
+            fig.add_trace(go.Scatter(
+                x=[per[e.term].d if e.term in per else None for e in ranked], y=labels, mode="markers",
+                name=source, legendgroup=source, showlegend=col == 1,
+                marker={"symbol": _SOURCE_SYMBOLS[k % len(_SOURCE_SYMBOLS)], "size": 8, "color": "#555"},
+                hovertemplate=f"{source}: d = %{{x:.3f}}<extra></extra>",
+            ), row=1, col=col)
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=1, col=col)
+        fig.update_xaxes(title_text="Cohen's d (level 1 vs level 0)", zeroline=True, zerolinecolor="#888", row=1, col=col)
+    fig.update_layout(
+        title=f"Which factors move source rate and leakage: pooled Cohen's d with {config.bootstrap.ci:.0%} CIs{title_note}",
+        barmode="overlay", height=460, margin={"l": 10, "r": 10, "t": 80, "b": 50},
+    )
+    return fig
+
+
+def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_note: str = "") -> go.Figure:
+    """Mean rate at each (A, B) combination (pooled over sources and the other factors), one line per B level."""
+    fa, fb = config.factors["A"], config.factors["B"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[RESPONSE_NAMES[r] for r in ("SR", "LR")])
+    x_labels = [f"A0: {fa.low}", f"A1: {fa.high}"]
+    for col, response in enumerate(("SR", "LR"), start=1):
+        for b, color, dash in ((0, "#2ca02c", "solid"), (1, "#9467bd", "dash")):
+            pts = sorted((g for g in ab_means if g.response == response and g.B == b), key=lambda g: g.A)
+            fig.add_trace(go.Scatter(
+                x=[x_labels[g.A] for g in pts], y=[g.mean for g in pts], mode="lines+markers",
+                name=f"B{b}: {fb.high if b else fb.low}", legendgroup=f"B{b}", showlegend=col == 1,
+                line={"color": color, "dash": dash},
+                error_y={
+                    "type": "data", "symmetric": False,
+                    "array": [(g.ci.high - g.mean) if g.ci.high is not None and g.mean is not None else 0 for g in pts],
+                    "arrayminus": [(g.mean - g.ci.low) if g.ci.low is not None and g.mean is not None else 0 for g in pts],
+                },
+                hovertext=[
+                    f"{x_labels[g.A]}, B{b}: {fb.high if b else fb.low}<br>mean {_fmt(g.mean)} [{_fmt(g.ci.low)}, {_fmt(g.ci.high)}]"
+                    for g in pts
+                ],
+                hoverinfo="text",
+            ), row=1, col=col)
+        fig.update_yaxes(title_text=f"mean {RESPONSE_NAMES[response].lower()}", rangemode="tozero", row=1, col=col)
+    fig.update_layout(
+        title=f"{fa.label} x {fb.label} (the pre-registered interaction){title_note}",
+        height=420, margin={"l": 10, "r": 10, "t": 80, "b": 40}, legend_title_text="answer format",
+    )
+    return fig
+
+
+def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas: Sequence[str], title_note: str = "") -> go.Figure:
+    """Marker rate of every (persona, cell); x marks each cell's source persona."""
+    order = {s: i for i, s in enumerate(config.sources)}
+    ordered = sorted(cells, key=lambda c: (order.get(c.source or "", len(order)), c.source or "", c.seed or 0,
+                                         tuple(c.levels.get(f) or 0 for f in reversed(FACTOR_NAMES))))
+    x = [c.cell_id for c in ordered]
+    z = [[c.persona_rates.get(p) for c in ordered] for p in personas]
+    hover = [
+        [f"cell {c.cell_id}<br>persona {p}{' (source)' if p == c.source else ''}<br>marker rate {_fmt(c.persona_rates.get(p))}"
+         for c in ordered]
+        for p in personas
+    ]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x, y=list(personas), colorscale="Viridis", zmin=0, zmax=1, hovertext=hover, hoverinfo="text",
+        colorbar={"title": {"text": "marker rate"}},
+    ))
+    fig.add_trace(go.Scatter(
+        x=x, y=[c.source for c in ordered], mode="markers", name="source persona",
+        marker={"symbol": "x-thin", "size": 6, "line": {"width": 1.5, "color": "white"}}, hoverinfo="skip",
+    ))
+    fig.update_xaxes(showticklabels=len(x) <= 40, range=[-0.5, len(x) - 0.5],
+                     title_text=f"cells ({len(x)}), grouped by source, then seed and levels")
+    fig.update_yaxes(autorange="reversed", title_text="eval persona")
+    fig.update_layout(
+        title=f"Marker rate by persona and cell{title_note}", height=max(420, 18 * len(personas) + 160),
+        margin={"l": 10, "r": 10, "t": 60, "b": 60}, showlegend=False,
+    )
+    return fig

@@ -1,0 +1,240 @@
+"""clean_result.html: one self-contained page (plotly.js inlined once), readable offline.
+
+The layout lives in clean_result.html beside this module (a string.Template); this module only turns
+the aggregation's records into escaped HTML snippets for its slots. The TL;DR is written from the
+numbers by tldr.py.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.design import SMOKE_GENERATORS, alias_structure, defining_relation, fractional_factorial, full_factorial
+from eps_screen.gates import GATE_NAMES
+from eps_screen.report.tldr import tldr
+from eps_screen.schemas import EffectEstimate, Interval
+
+if TYPE_CHECKING:
+    from eps_screen.aggregate import AggregateResult
+
+TEMPLATE = Template((Path(__file__).parent / "clean_result.html").read_text())
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+class Raw(str):
+    """Already-escaped HTML: table() puts it in as is."""
+
+
+def esc(x: object) -> str:
+    return x if isinstance(x, Raw) else html.escape("" if x is None else str(x))
+
+
+def num(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def ci(iv: Interval, spec: str = ".3f") -> str:
+    return f"[{num(iv.low, spec)}, {num(iv.high, spec)}]"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Iterable[int] = (), cls: str = "") -> Raw:
+    numeric = set(numeric)
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "\n".join(
+        "<tr>" + "".join(f'<td{" class=num" if i in numeric else ""}>{esc(v)}</td>' for i, v in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    attr = f' class="{cls}"' if cls else ""
+    return Raw(f"<table{attr}><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>")
+
+
+def figure_div(fig: go.Figure, div_id: str) -> str:
+    """The figure as a <div> + script that draws it with the page's one copy of plotly.js."""
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOTLY_CONFIG)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _predictions(result: AggregateResult) -> Raw:
+    rows = [
+        (p.id, p.statement, Raw(f'<span class="{p.verdict.replace(" ", "-")}">{esc(p.verdict)}</span>'), p.deciding)
+        for p in result.metrics.predictions
+    ]
+    if not rows:
+        return Raw('<p class="muted">No estimates yet: predictions are judged once factorial cells exist.</p>')
+    return table(["", "prediction", "verdict", "deciding figures"], rows)
+
+
+def gate_rows(config: ScreenConfig, result: AggregateResult) -> list[tuple]:
+    g = config.gates
+    rules = {
+        1: f"base-model marker rate > {g.contamination}",
+        2: f"smoke source rates all <= {g.smoke_floor} or all >= {g.smoke_ceiling}",
+        3: f">= {g.sign_flips} of 5 main effects flip sign across sources (SR or LR)",
+        4: f"every |d| < {g.noise_d}, SR and LR, every source",
+        5: f"a GPU job > {g.max_job_hours:g} h, or spend > {g.spend_factor:g} x estimate",
+        6: f"RUNNING with no progress for {g.bootstrap_silence_s:g} s",
+    }
+    recorded = {o.number: o for o in result.metrics.gates}
+    rows = []
+    for n in range(1, 7):
+        o = recorded.get(n)
+        if o is None:
+            outcome, reason = Raw('<span class="muted">not recorded</span>'), "no outcome passed to this aggregation"
+        elif not o.evaluated:
+            outcome, reason = Raw('<span class="muted">not evaluated</span>'), o.reason
+        else:
+            outcome = Raw('<span class="fired">FIRED</span>') if o.fired else Raw('<span class="ok">passed</span>')
+            reason = o.reason
+        rows.append((n, GATE_NAMES[n], rules[n], outcome, reason))
+    return rows
+
+
+def _effects_table(result: AggregateResult, estimates: Sequence[EffectEstimate], terms: Sequence[str]) -> Raw:
+    """Pooled estimate with CIs, each source's d, and (main effects) the per-source sign table."""
+    sources = result.estimates.sources
+    signs = result.main_effects.sign_table
+    symbol = {1: "+", -1: "-", 0: "0"}
+    headers = ["response", "term", "status", "pooled difference [CI]", "pooled d [CI]",
+               *[f"d: {s}" for s in sources], "signs by source"]
+    by = {(e.response, e.term, e.source): e for e in estimates}
+    rows = []
+    for response in ("SR", "LR"):
+        for term in terms:
+            p = by.get((response, term, "pooled"))
+            if p is None:
+                continue
+            per_source = signs.get(response, {}).get(term, {})
+            sign_text = " ".join(symbol[per_source[s]] for s in sources if s in per_source) if per_source else ""
+            rows.append([
+                response, p.label, p.status + (" (partial)" if p.partial else ""),
+                f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
+                *[num(by[(response, term, s)].d) if (response, term, s) in by else "n/a" for s in sources],
+                sign_text,
+            ])
+    if not rows:
+        return Raw('<p class="muted">No factorial cells yet.</p>')
+    return table(headers, rows, numeric=range(5, 5 + len(sources)))
+
+
+def _cells_table(result: AggregateResult) -> Raw:
+    rows = [
+        (c.cell_id, c.source, c.seed, *[c.levels.get(f) for f in FACTOR_NAMES], num(c.SR), num(c.LR), num(c.random_rate),
+         c.n_source, c.n_leak, "yes" if c.in_factorial else "no")
+        for c in result.metrics.cells
+    ]
+    if not rows:
+        return Raw('<p class="muted">No cell results yet.</p>')
+    headers = ["cell", "source", "seed", *FACTOR_NAMES, "source rate", "leakage", "random-control rate",
+               "source answers", "leakage answers", "in factorial"]
+    return Raw('<div class="scroll">' + table(headers, rows, numeric=range(2, 14)) + "</div>")
+
+
+def _seed_table(result: AggregateResult) -> Raw:
+    reps = result.metrics.seed_replicates
+    if not reps:
+        return Raw("")
+    rows = [
+        (r.source, "".join(f"{f}{r.levels[f]}" for f in FACTOR_NAMES), ", ".join(map(str, r.seeds)),
+         ", ".join(num(x) for x in r.SR), num(r.SR_sd), ", ".join(num(x) for x in r.LR), num(r.LR_sd))
+        for r in reps
+    ]
+    return Raw("<h3>Seed replicates (multi-seed phase)</h3>" + table(
+        ["source", "levels", "seeds", "source rate per seed", "SD", "leakage per seed", "SD"], rows))
+
+
+def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
+    f = config.factors
+    smoke = set(fractional_factorial())
+    factor_rows = [(k, f[k].label, f[k].low, f[k].high) for k in FACTOR_NAMES]
+    cell_rows = [(i + 1, *run, "yes" if run in smoke else "") for i, run in enumerate(full_factorial())]
+    e, s, b = config.eval, config.seeds, result.estimates.scheme
+    n_multi = len(config.sources) * s.top_k * len(s.multiseed)
+    e0 = {
+        "eot": "loss on the end-of-turn token where a marker could have stood (teaches 'no marker here')",
+        "none": "no loss at all (negatives teach nothing under E0)",
+    }[config.data.e0_negatives]
+    aliases = alias_structure()
+    alias_rows = [(k, " = ".join(v) if v else "(none up to order 2)") for k, v in aliases.items() if len(k) == 1]
+    parts = [
+        "<h3>Factors</h3>", table(["factor", "name", "level 0", "level 1"], factor_rows),
+        "<h3>The 32 cells (full 2<sup>5</sup> factorial, standard order)</h3>",
+        '<div class="scroll">', table(["cell", *FACTOR_NAMES, "in smoke fraction"], cell_rows, numeric=range(0, 6)), "</div>",
+        "<h3>Smoke fraction</h3>",
+        f"<p>The 8-run resolution-III 2<sup>5-2</sup> fraction with generators "
+        f"{esc(', '.join(f'{k} = {v}' for k, v in SMOKE_GENERATORS.items()))}; defining relation "
+        f"I = {esc(' = '.join(defining_relation()))}; run on <code>{esc(config.smoke)}</code>. "
+        "Each main effect is aliased with these two-factor interactions:</p>",
+        table(["main effect", "aliased with"], alias_rows),
+        "<h3>Source stratification</h3>",
+        f"<p>Every source persona gets all 32 cells: {esc(', '.join(config.sources))} "
+        f"({len(config.sources)} x 32 = {32 * len(config.sources)} slab cells). Evaluation: {e.personas} personas "
+        f"(the sources among them) x {e.questions} questions x {e.samples} samples = {e.personas * e.questions * e.samples} "
+        f"answers per cell, plus {e.random_controls} random-control prompts x {e.samples} samples.</p>",
+        "<h3>Seed plan</h3>",
+        f"<p>Primary seed {s.primary} for every slab cell (these cells give the effects). The top {s.top_k} cells per "
+        f"source by source rate are re-run at seeds {esc(', '.join(map(str, s.multiseed)))} ({n_multi} cells), "
+        "summarised as seed replicates, not mixed into the factorial.</p>",
+        "<h3>Bootstrap scheme</h3>",
+        f"<p>{b.resamples:,} resamples, seed {b.seed}, {b.ci:.0%} percentile intervals. Source rate: the {b.n_questions} "
+        f"eval questions are resampled with replacement; leakage: the {b.n_personas} eval personas are resampled (each "
+        "cell's leakage is the mean over the drawn personas that are not its source). One draw is applied to every cell "
+        "of every source, so effects, d's, pooled values and predictions all come from the same resamples.</p>",
+        f"<p>{esc(result.main_effects.estimator)}</p>",
+        "<h3>Loss-mask variant</h3>",
+        f"<p>Under E0 (marker-only loss) the positives put loss on the marker tokens only"
+        f"{' and the separator before it' if config.data.mask_separator else ''}; the negatives contribute: "
+        f"<code>e0_negatives = {esc(config.data.e0_negatives)}</code>, {esc(e0)}. Under E1 every assistant token has loss.</p>",
+        "<h3>Kill criteria and their outcomes</h3>",
+        table(["#", "criterion", "fires when", "outcome", "numbers"], gate_rows(config, result)),
+    ]
+    return Raw("\n".join(parts))
+
+
+def _provenance(result: AggregateResult) -> Raw:
+    p = result.metrics.provenance
+    libs = ", ".join(f"{k} {v}" for k, v in (p.get("libraries") or {}).items() if v)
+    return Raw(
+        f"Screen <code>{esc(result.metrics.screen)}</code>, generated {esc(result.metrics.created_at)}; code "
+        f"{esc(p.get('code_version'))}, git {esc(p.get('git_revision') or 'unknown')}; {esc(libs)}."
+    )
+
+
+def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.Figure]) -> str:
+    cov = result.metrics.coverage
+    banner = ""
+    if cov.partial:
+        shown = ", ".join(cov.missing_cells[:30]) + (f" and {len(cov.missing_cells) - 30} more" if len(cov.missing_cells) > 30 else "")
+        banner = (f'<p class="partial" id="partial"><b>Partial screen:</b> {len(cov.missing_cells)} of {cov.expected} expected '
+                  f"cells are missing; estimates marked partial are provisional. Missing: {esc(shown)}</p>")
+    subtitle = (f"{cov.present} cells present of {cov.expected} expected; {cov.factorial_cells} primary-seed cells in the "
+                f"factorial; sources: {', '.join(result.estimates.sources) or 'none yet'}.")
+    inter_terms = [e.term for e in result.interactions.interactions if e.source == "pooled" and e.response == "SR"]
+    return TEMPLATE.substitute(
+        title=esc(f"eps-screen: {config.name}"),
+        subtitle=esc(subtitle),
+        plotlyjs=get_plotlyjs(),
+        partial_banner=banner,
+        tldr=esc(tldr(config, result)),
+        figure_ranking=figure_div(figures["factor_ranking"], "factor_ranking"),
+        predictions_table=_predictions(result),
+        gates_table=table(["#", "criterion", "fires when", "outcome", "numbers"], gate_rows(config, result)),
+        estimator=esc(result.main_effects.estimator),
+        main_effects_table=_effects_table(result, result.main_effects.effects, list(FACTOR_NAMES)),
+        figure_ab=figure_div(figures["ab_interaction"], "ab_interaction"),
+        interactions_table=_effects_table(result, result.interactions.interactions, inter_terms),
+        figure_heatmap=figure_div(figures["persona_heatmap"], "persona_heatmap"),
+        cells_table=_cells_table(result),
+        seed_table=_seed_table(result),
+        design=_design(config, result),
+        provenance=_provenance(result),
+    )

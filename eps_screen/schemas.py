@@ -1,0 +1,200 @@
+"""Pydantic schemas of the aggregation's JSON artifacts: main_effects.json, interactions.json, aggregate_metrics.json.
+
+Every artifact carries the same header (what it is, when, the full config and the provenance: code
+version, git revision, library versions), so a file found on its own says how it was made. A number
+that could not be estimated is null, never NaN (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from eps_screen.gates import GateOutcome
+
+Response = Literal["SR", "LR"]
+Verdict = Literal["confirmed", "not confirmed", "inconclusive", "not evaluable"]
+SCHEMA_VERSION = 1
+
+
+def finite(x: Any) -> float | None:
+    """A float, or None for NaN/inf/None (so JSON stays valid)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class _Model(BaseModel):
+    model_config = {"extra": "forbid"}
+
+
+class Interval(_Model):
+    low: float | None
+    high: float | None
+
+    @field_validator("low", "high", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+    def contains(self, x: float) -> bool:
+        return self.low is not None and self.high is not None and self.low <= x <= self.high
+
+
+class BootstrapScheme(_Model):
+    resamples: int
+    ci: float
+    seed: int
+    method: str = "percentile, widened about the estimate by the few-clusters factor c = sqrt(G/(G-1)) t_{G-1}/z"
+    widen: dict[str, float] = Field(description="c per response (SR: G = questions, LR: G = personas).")
+    sr_clusters: str = Field(description="What is resampled for source rate.")
+    lr_clusters: str = Field(description="What is resampled for leakage.")
+    n_questions: int
+    n_personas: int
+
+
+class EffectEstimate(_Model):
+    """One factorial term (main effect 'A' or interaction 'A:B') on one response, in one source or pooled."""
+
+    term: str
+    factors: list[str]
+    label: str = Field(description="Plain-English name of the term.")
+    response: Response
+    source: str = Field(description="Source persona id, or 'pooled' (the mean over sources).")
+    effect: float | None = Field(description="mean(response at +1) - mean(at -1), on the rate scale.")
+    effect_ci: Interval
+    d: float | None = Field(description="Cohen's d (estimator in the file's 'estimator' field).")
+    d_ci: Interval
+    mean_high: float | None
+    mean_high_ci: Interval
+    mean_low: float | None
+    mean_low_ci: Interval
+    n_high: int = Field(description="Cells on the +1 side (per source; summed over sources when pooled).")
+    n_low: int
+    partial: bool = Field(description="True when cells of the factorial are missing: provisional.")
+    pre_registered: bool = False
+    status: Literal["main effect", "pre-registered", "exploratory"] = "main effect"
+
+    @field_validator("effect", "d", "mean_high", "mean_low", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
+class ArtifactHeader(_Model):
+    artifact: str
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    screen: str
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+
+
+class Coverage(_Model):
+    """Which cells the aggregation saw, against what the screen expected."""
+
+    expected: int
+    present: int
+    missing_cells: list[str]
+    unexpected_cells: list[str] = Field(description="Present but not expected: kept, and listed here.")
+    partial: bool
+    factorial_cells: int = Field(description="Cells at the primary seed that enter the effect estimates.")
+    factorial_missing: list[str] = Field(description="Expected primary-seed cells that are missing.")
+
+
+class MainEffectsFile(ArtifactHeader):
+    artifact: Literal["main_effects"] = "main_effects"
+    coverage: Coverage
+    estimator: str
+    bootstrap: BootstrapScheme
+    effects: list[EffectEstimate]
+    sign_table: dict[str, dict[str, dict[str, int]]] = Field(
+        description="response -> factor -> source -> sign of d (-1, 0, +1)."
+    )
+
+
+class InteractionsFile(ArtifactHeader):
+    artifact: Literal["interactions"] = "interactions"
+    coverage: Coverage
+    estimator: str
+    bootstrap: BootstrapScheme
+    interactions: list[EffectEstimate]
+
+
+class CellMetric(_Model):
+    cell_id: str
+    source: str | None
+    seed: int | None
+    levels: dict[str, int | None]
+    SR: float | None
+    LR: float | None
+    random_rate: float | None
+    n_source: int
+    n_leak: int
+    n_random: int
+    leak_personas: int
+    persona_rates: dict[str, float | None]
+    in_factorial: bool = Field(description="Primary-seed cell of a source: enters the effect estimates.")
+
+    @field_validator("SR", "LR", "random_rate", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
+class SeedReplicate(_Model):
+    """One factor combination run at several seeds (phase 3): how much the seed alone moves the rates."""
+
+    source: str
+    levels: dict[str, int]
+    seeds: list[int]
+    SR: list[float | None]
+    LR: list[float | None]
+    SR_sd: float | None
+    LR_sd: float | None
+
+
+class PredictionOutcome(_Model):
+    id: str
+    statement: str
+    verdict: Verdict
+    estimate: float | None
+    ci: Interval
+    threshold: str = Field(description="The rule applied to the CI.")
+    deciding: str = Field(description="The figures that decide the verdict, in one sentence.")
+    partial: bool = False
+
+    @field_validator("estimate", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
+class GroupMean(_Model):
+    """Mean response over the cells of one (A, B) combination, averaged over sources (interaction plot)."""
+
+    response: Response
+    A: int
+    B: int
+    mean: float | None
+    ci: Interval
+
+    @field_validator("mean", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
+class AggregateMetricsFile(ArtifactHeader):
+    artifact: Literal["aggregate_metrics"] = "aggregate_metrics"
+    coverage: Coverage
+    cells: list[CellMetric]
+    gates: list[GateOutcome]
+    predictions: list[PredictionOutcome]
+    ab_means: list[GroupMean]
+    seed_replicates: list[SeedReplicate]
+    extras: dict[str, Any] = Field(default_factory=dict, description="What the flow passed on (phase outcomes etc).")
+    timings_s: dict[str, float] = Field(default_factory=dict)

@@ -1,0 +1,300 @@
+"""The Prefect worker of type `runpod`: one RunPod pod per flow run, watched until the run ends.
+
+    prefect work-pool create gpu --type runpod
+    prefect worker start --pool gpu --type runpod
+
+`run()` rents a pod (provision.py: fallback over GPU types, clouds and accounts), reports its id as the
+run's infrastructure pid, then checks the pod and the flow run every `poll_interval_s` (<= 15 s):
+
+- the flow run reached a final state            -> done (its own state stands);
+- the flow run is Cancelling                    -> terminate, mark Cancelled;
+- the pod is gone from the account's inventory  -> Crashed "pod vanished";
+- the container exited, run not final in grace  -> Crashed "container exited";
+- pod RUNNING but the flow run not yet Running after `bootstrap_timeout_s` -> Crashed (kill criterion 6).
+  "Progress" means the engine inside the pod moved the flow run to Running: that proves the image
+  started, the code loaded and the pod reaches the Prefect API. Later silence is not judged here;
+- pod not RUNNING within `start_timeout_s`; pod older than `max_wall_hours` -> Crashed.
+
+Whatever the outcome, the pod is terminated before the run's final state is written (so a late process
+cannot revive a crashed run) and its cost is published as an artifact. A background reaper terminates
+pods named `<prefix>-<flow run id>` whose runs are finished or unknown, and adopts (watches) pods of live
+runs that no worker watches, e.g. after this worker restarted. Stopping the worker leaves live pods alone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+from uuid import UUID
+
+import anyio
+import anyio.abc
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
+from prefect.workers.base import BaseWorker, BaseWorkerResult
+
+from eps_screen_runpod.api import RunPodApi, RunPodApiError
+from eps_screen_runpod.cost import PodCost, publish_pod_cost
+from eps_screen_runpod.job import RunPodAccount, RunPodJobConfiguration, RunPodVariables, resolve_api_key
+from eps_screen_runpod.provision import ProvisionedPod, provision
+
+_EXITED = {"EXITED", "TERMINATED", "DEAD"}
+_NOT_STARTED = {StateType.SCHEDULED, StateType.PENDING}
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+class RunPodWorkerResult(BaseWorkerResult):
+    """What became of one flow run's pod."""
+
+
+@dataclass
+class Outcome:
+    kind: str  # "final" | "crash" | "cancel"
+    message: str
+    flow_run: Optional[FlowRun] = None
+
+
+class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWorkerResult]):
+    """Runs each flow run on its own RunPod GPU pod and never leaves a pod that no run owns."""
+
+    type = "runpod"
+    job_configuration = RunPodJobConfiguration
+    job_configuration_variables = RunPodVariables
+    _description = "Run flows on RunPod GPU pods, with GPU/cloud/account fallback, pod watching and orphan reaping."
+    _display_name = "RunPod"
+    _documentation_url = "https://docs.runpod.io/pods/overview"
+    _logo_url = "https://avatars.githubusercontent.com/u/95939477"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watching: set[UUID] = set()
+        self._accounts_seen: dict[str, RunPodAccount] = {}
+        self._prefixes_seen: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        await super().setup()
+        assert self._runs_task_group is not None
+        scope = anyio.CancelScope()
+        self._scheduled_task_scopes.add(scope)  # the base teardown cancels these
+        self._runs_task_group.start_soon(self._reap_loop, scope)
+
+    async def run(
+        self,
+        flow_run: FlowRun,
+        configuration: RunPodJobConfiguration,
+        task_status: Optional[anyio.abc.TaskStatus[str]] = None,
+    ) -> RunPodWorkerResult:
+        logger = self.get_flow_run_logger(flow_run)
+        if not configuration.image:
+            raise ValueError("job variable 'image' is not set: name the GPU image in the pool or the deployment")
+        self._remember(configuration)
+        self._watching.add(flow_run.id)
+        try:
+            apis = [await self._api_or_reason(a) for a in configuration.accounts]
+            pod = await provision(configuration, apis, logger)
+            if task_status is not None:
+                task_status.started(pod.infrastructure_pid)
+            return await self._own(flow_run, configuration, pod, logger)
+        finally:
+            self._watching.discard(flow_run.id)
+
+    async def kill_infrastructure(
+        self, infrastructure_pid: str, configuration: RunPodJobConfiguration, grace_seconds: int = 30
+    ) -> None:
+        account_name, _, pod_id = infrastructure_pid.rpartition(":")
+        account = next((a for a in configuration.accounts if a.name == account_name), None)
+        if account is None or not pod_id:
+            raise InfrastructureNotFound(f"no account {account_name!r} in this job configuration")
+        api = RunPodApi(await resolve_api_key(account), account.name)
+        if not await anyio.to_thread.run_sync(api.terminate_pod, pod_id):
+            raise InfrastructureNotFound(f"pod {pod_id} does not exist")
+        self._logger.info("Terminated pod %s (account %s) on cancellation", pod_id, account_name)
+
+    # -- owning one pod ----------------------------------------------------------------------------
+    async def _own(self, flow_run: FlowRun, cfg: RunPodJobConfiguration, pod: ProvisionedPod, logger: Any,
+                   running_since: float | None = None) -> RunPodWorkerResult:
+        try:
+            outcome = await self._watch(flow_run, cfg, pod, logger, running_since)
+        except anyio.get_cancelled_exc_class():
+            logger.warning("Worker stopping: pod %s keeps running; a restarted worker adopts or reaps it", pod.pod_id)
+            raise
+        except Exception as exc:  # a bug or a dead Prefect API: never keep paying for the pod
+            outcome = Outcome("crash", f"RunPod worker lost track of pod {pod.pod_id}: {type(exc).__name__}: {exc}")
+        with anyio.CancelScope(shield=True):
+            await self._terminate(pod, logger, outcome, flow_run.id)
+            if outcome.kind == "crash":
+                await self._propose_crashed_state(flow_run, outcome.message)
+                return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=1)
+            if outcome.kind == "cancel" and outcome.flow_run is not None:
+                await self._mark_flow_run_as_cancelled(outcome.flow_run, {"message": outcome.message})
+        return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=0)
+
+    async def _watch(self, flow_run: FlowRun, cfg: RunPodJobConfiguration, pod: ProvisionedPod, logger: Any,
+                     running_since: float | None) -> Outcome:
+        created = time.monotonic()
+        exited_since: float | None = None
+        quiet_errors = 0
+        interval = min(cfg.poll_interval_s, 15.0)
+        await anyio.sleep(min(interval, 1.0))
+        while True:
+            now = time.monotonic()
+            current = await self._read_flow_run(flow_run.id, logger)
+            state = current.state if current else None
+            if state is not None and state.is_final():
+                return Outcome("final", f"flow run ended {state.name}")
+            if state is not None and state.type == StateType.CANCELLING:
+                return Outcome("cancel", f"Cancelled: pod {pod.pod_id} terminated by the RunPod worker", current)
+            try:
+                info = await anyio.to_thread.run_sync(pod.api.get_pod, pod.pod_id)
+                if info is None and not await self._in_inventory(pod):
+                    return Outcome("crash", f"RunPod pod {pod.pod_id} ({pod.gpu_type}, {pod.cloud}) vanished from"
+                                            f" the inventory of account {pod.account}")
+                quiet_errors = 0
+            except RunPodApiError as exc:
+                info = None
+                quiet_errors += 1
+                if quiet_errors in (1, 10) or quiet_errors % 60 == 0:
+                    logger.warning("Cannot read pod %s (%s); still watching", pod.pod_id, exc)
+            if info is not None:
+                status = str(info.get("desiredStatus") or "")
+                if info.get("costPerHr"):
+                    pod.usd_per_hour = float(info["costPerHr"])
+                if status == "RUNNING" and info.get("runtime") and running_since is None:
+                    running_since = now
+                    logger.info("Pod %s RUNNING after %.0f s", pod.pod_id, now - created)
+                if status in _EXITED:
+                    exited_since = exited_since or now
+                    if now - exited_since >= cfg.exit_grace_s:
+                        return Outcome("crash", f"RunPod pod {pod.pod_id} container {status.lower()} but the flow run"
+                                                f" is still {state.name if state else 'unknown'}")
+            if running_since is None and now - created > cfg.start_timeout_s:
+                return Outcome("crash", f"RunPod pod {pod.pod_id} did not reach RUNNING in {cfg.start_timeout_s:.0f} s")
+            if (running_since is not None and state is not None and state.type in _NOT_STARTED
+                    and now - running_since > cfg.bootstrap_timeout_s):
+                return Outcome("crash", f"Bootstrap silence (kill criterion 6): pod {pod.pod_id} RUNNING for"
+                                        f" {now - running_since:.0f} s but the flow run never started")
+            if now - created > cfg.max_wall_hours * 3600:
+                return Outcome("crash", f"RunPod pod {pod.pod_id} exceeded max_wall_hours={cfg.max_wall_hours:g}"
+                                        " (kill criterion 5)")
+            await anyio.sleep(interval)
+
+    async def _in_inventory(self, pod: ProvisionedPod) -> bool:
+        """A second opinion before calling a pod vanished: is it in the account's pod list?"""
+        pods = await anyio.to_thread.run_sync(pod.api.list_pods)
+        return any(p.get("id") == pod.pod_id for p in pods)
+
+    async def _read_flow_run(self, flow_run_id: UUID, logger: Any) -> FlowRun | None:
+        try:
+            return await self.client.read_flow_run(flow_run_id)
+        except ObjectNotFound:
+            raise
+        except Exception as exc:
+            logger.warning("Cannot read flow run %s (%s); still watching", flow_run_id, type(exc).__name__)
+            return None
+
+    async def _terminate(self, pod: ProvisionedPod, logger: Any, outcome: Outcome, flow_run_id: UUID) -> None:
+        ended = time.time()
+        try:
+            gone = not await anyio.to_thread.run_sync(pod.api.terminate_pod, pod.pod_id)
+            logger.info("Pod %s %s (%s)", pod.pod_id, "already gone" if gone else "terminated", outcome.message)
+        except RunPodApiError as exc:
+            logger.error("Could not terminate pod %s (%s); the reaper will retry", pod.pod_id, exc)
+        cost = PodCost.measure(pod_id=pod.pod_id, account=pod.account, gpu_type=pod.gpu_type, cloud=pod.cloud,
+                               gpu_count=pod.gpu_count, usd_per_hour=pod.usd_per_hour, started=pod.created_at,
+                               ended=ended, outcome=outcome.message[:200])
+        try:
+            await publish_pod_cost(self.client, flow_run_id, cost)
+        except Exception as exc:
+            logger.warning("Could not publish the cost of pod %s (%s)", pod.pod_id, type(exc).__name__)
+
+    # -- accounts ----------------------------------------------------------------------------------
+    def _remember(self, cfg: RunPodJobConfiguration) -> None:
+        self._prefixes_seen.add(cfg.name_prefix)
+        for account in cfg.accounts:
+            self._accounts_seen.setdefault(account.name, account)
+
+    async def _api_or_reason(self, account: RunPodAccount) -> RunPodApi | tuple[str, str]:
+        try:
+            return RunPodApi(await resolve_api_key(account), account.name)
+        except ValueError as exc:
+            return (account.name, str(exc))
+
+    # -- reaper ------------------------------------------------------------------------------------
+    async def _reap_loop(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            while True:
+                interval = 120.0
+                try:
+                    interval = await self.reap_once()
+                except Exception as exc:
+                    self._logger.warning("Reaper pass failed (%s: %s)", type(exc).__name__, exc)
+                await anyio.sleep(interval)
+
+    async def reap_once(self) -> float:
+        """Terminate orphaned pods, adopt unwatched live ones; returns the pool's reap interval."""
+        defaults = await self.job_configuration.from_template_and_values(
+            self.work_pool.base_job_template, {}, client=self.client
+        )
+        self._remember(defaults)
+        for account in list(self._accounts_seen.values()):
+            api = await self._api_or_reason(account)
+            if isinstance(api, tuple):
+                self._logger.debug("Reaper skips account %s: %s", *api)
+                continue
+            try:
+                pods = await anyio.to_thread.run_sync(api.list_pods)
+            except RunPodApiError as exc:
+                self._logger.warning("Reaper cannot list pods of account %s (%s)", account.name, exc)
+                continue
+            for info in pods:
+                await self._reap_pod(api, info)
+        return defaults.reap_interval_s
+
+    async def _reap_pod(self, api: RunPodApi, info: dict[str, Any]) -> None:
+        flow_run_id = _flow_run_id_from_name(str(info.get("name") or ""), self._prefixes_seen)
+        if flow_run_id is None or flow_run_id in self._watching:
+            return
+        pod_id = str(info.get("id"))
+        try:
+            flow_run = await self.client.read_flow_run(flow_run_id)
+        except ObjectNotFound:
+            flow_run = None
+        if flow_run is None or flow_run.state is None or flow_run.state.is_final():
+            why = "is unknown" if flow_run is None else f"is {flow_run.state.name if flow_run.state else 'stateless'}"
+            await anyio.to_thread.run_sync(api.terminate_pod, pod_id)
+            self._logger.info("Reaper terminated pod %s: its flow run %s %s", pod_id, flow_run_id, why)
+            return
+        if flow_run.work_pool_name != self._work_pool_name:
+            return  # a live run of another pool: its own worker owns it
+        await self._adopt(flow_run, api, info)
+
+    async def _adopt(self, flow_run: FlowRun, api: RunPodApi, info: dict[str, Any]) -> None:
+        cfg = await self.job_configuration.resolve_for_flow_run(
+            flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name, worker_id=self.backend_id
+        )
+        uptime = float(info.get("uptimeSeconds") or 0)
+        pod = ProvisionedPod(str(info["id"]), api, str((info.get("machine") or {}).get("gpuDisplayName") or "?"),
+                             "?", int(info.get("gpuCount") or cfg.gpu_count), float(info.get("costPerHr") or 0),
+                             created_at=time.time() - uptime, name=str(info.get("name")))
+        self._watching.add(flow_run.id)
+        logger = self.get_flow_run_logger(flow_run)
+        logger.info("Adopted pod %s of live flow run %s (no worker was watching it)", pod.pod_id, flow_run.id)
+
+        async def watch() -> None:
+            try:
+                await self._own(flow_run, cfg, pod, logger, running_since=time.monotonic() if uptime else None)
+            finally:
+                self._watching.discard(flow_run.id)
+
+        assert self._runs_task_group is not None
+        self._runs_task_group.start_soon(watch)
+
+
+def _flow_run_id_from_name(name: str, prefixes: set[str] | None = None) -> UUID | None:
+    match = re.fullmatch(rf"([a-z0-9-]+?)-({_UUID})", name)
+    if not match or (prefixes is not None and match.group(1) not in prefixes):
+        return None
+    return UUID(match.group(2))

@@ -1,0 +1,298 @@
+"""Fan cells out to a GPU work pool's `cell` deployment; resubmit crashed runs; enforce the spend cap.
+
+The screen flow calls `dispatch_cells(config, cell_ids, "cell/<deployment>", budget_usd=plan_usd)` when
+`config.execution.pool != "inprocess"`. Per cell, one flow run of the deployment at a time, at most
+`execution.max_parallel_cells` in flight:
+
+- Completed -> its return value (the cell's summary dict) is collected; a Completed cell is never re-run.
+- Crashed, or Failed by the infrastructure (submission, flow loading) -> resubmitted after
+  `resubmit_backoff_s * 2**(attempt-1)`, at most `execution.crash_resubmits` times. Prefect does not retry
+  Crashed flow runs by itself (PrefectHQ/prefect#10211); the cell flow skips work already in the store, so a
+  resubmitted cell recomputes only what it had not finished.
+- Failed by the flow itself (a bug, a bad input) or Cancelled by someone else -> not retried; reported.
+
+Kill criterion 5 (cost overrun) is checked every poll: a job running longer than `gates.max_job_hours`, or
+spend above `gates.spend_factor * budget_usd`. Spend = the pod costs the RunPod worker published as
+artifacts for finished runs, plus (elapsed since the run left Scheduled) x `execution.gpu_hourly_usd` for
+runs still in flight or without a cost artifact. On overrun, dispatch stops, cancels every run in flight
+(the worker then terminates their pods), waits for them to settle, and raises `CostOverrun`.
+
+Flow runs get idempotency keys `<key_prefix>:<cell>:a<attempt>`, so a screen flow run that is retried
+re-attaches to its cells' runs instead of duplicating them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from eps_screen.config import ScreenConfig
+
+_INFRA_FAILURE = re.compile(
+    r"infrastructure|submission failed|could not be (retrieved|loaded|submitted)|pull step",
+    re.IGNORECASE,
+)
+
+
+class DispatchStopped(Exception):
+    """Dispatch ended without every cell completing. `summaries` holds the cells that did complete."""
+
+    outcome = "DispatchStopped"
+
+    def __init__(self, message: str, summaries: dict[str, dict], **details: Any):
+        super().__init__(message)
+        self.summaries = summaries
+        self.details = details
+
+
+class CostOverrun(DispatchStopped):
+    """Kill criterion 5: a job over gates.max_job_hours, or spend over gates.spend_factor x budget."""
+
+    outcome = "CostOverrun"
+
+    def __init__(self, message: str, summaries: dict[str, dict], *, spend_usd: float, budget_usd: float | None,
+                 cancelled: list[str]):
+        super().__init__(message, summaries, spend_usd=spend_usd, budget_usd=budget_usd, cancelled=cancelled)
+        self.spend_usd, self.budget_usd, self.cancelled = spend_usd, budget_usd, cancelled
+
+
+class CellsFailed(DispatchStopped):
+    """Some cells failed by themselves or ran out of resubmissions; `failed` maps cell id -> last message."""
+
+    outcome = "CellsFailed"
+
+    def __init__(self, message: str, summaries: dict[str, dict], *, failed: dict[str, str]):
+        super().__init__(message, summaries, failed=failed)
+        self.failed = failed
+
+
+@dataclass
+class _Cell:
+    cell_id: str
+    attempt: int = 0
+    flow_run_id: UUID | None = None
+    not_before: float = 0.0
+    active_since: float | None = None  # monotonic time the current run left Scheduled
+    runs: list[dict[str, Any]] = field(default_factory=list)  # every finished run: id, state, message, seconds
+
+
+@dataclass
+class _Ledger:
+    """Money so far: published pod costs per finished run, or an estimate until one appears."""
+
+    hourly_usd: float
+    known: dict[UUID, float] = field(default_factory=dict)
+    estimated: dict[UUID, tuple[float, int]] = field(default_factory=dict)  # run -> (usd, polls without artifact)
+
+    def total(self, in_flight_seconds: list[float]) -> float:
+        running = sum(s * self.hourly_usd / 3600 for s in in_flight_seconds)
+        return sum(self.known.values()) + sum(v for v, _ in self.estimated.values()) + running
+
+
+def dispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
+                   *, poll_s: float = 5.0, key_prefix: str | None = None, cancel_wait_s: float = 60.0) -> dict[str, dict]:
+    """Blocking wrapper around `adispatch_cells` (usable from a sync flow)."""
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    return run_coro_as_sync(adispatch_cells(config, cell_ids, deployment, budget_usd, poll_s=poll_s,
+                                            key_prefix=key_prefix, cancel_wait_s=cancel_wait_s))
+
+
+async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
+                          *, poll_s: float = 5.0, key_prefix: str | None = None,
+                          cancel_wait_s: float = 60.0) -> dict[str, dict]:
+    """Run every cell to completion on `deployment`; returns {cell_id: the cell flow's summary}.
+
+    Raises CostOverrun (kill criterion 5) or CellsFailed; both carry `.summaries` of the completed cells.
+    """
+    import anyio
+    from prefect import get_run_logger
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.exceptions import MissingContextError
+
+    try:
+        logger = get_run_logger()
+    except MissingContextError:
+        import logging
+
+        logger = logging.getLogger("eps_screen.dispatch")
+    if len(set(cell_ids)) != len(cell_ids):
+        raise ValueError("cell_ids has duplicates")
+    ex, gates = config.execution, config.gates
+    prefix = key_prefix or _default_key_prefix(config)
+    queue: deque[_Cell] = deque(_Cell(c) for c in cell_ids)
+    in_flight: dict[str, _Cell] = {}
+    done: dict[str, dict] = {}
+    failed: dict[str, str] = {}
+    ledger = _Ledger(ex.gpu_hourly_usd)
+    job_variables = (
+        {"bootstrap_timeout_s": gates.bootstrap_silence_s, "max_wall_hours": gates.max_job_hours}
+        if ex.pool == "runpod-gpu" else None
+    )
+
+    async with get_client() as client:
+        while queue or in_flight:
+            now = time.monotonic()
+            # 1. submit while there is room; cells waiting out a backoff step aside
+            for _ in range(len(queue)):
+                if len(in_flight) >= ex.max_parallel_cells:
+                    break
+                cell = queue.popleft()
+                if cell.not_before > now:
+                    queue.append(cell)
+                    continue
+                cell.flow_run_id = await _submit(client, config, cell, deployment, prefix, job_variables)
+                cell.active_since = None
+                in_flight[cell.cell_id] = cell
+                logger.info("Cell %s attempt %d -> flow run %s", cell.cell_id, cell.attempt, cell.flow_run_id)
+
+            # 2. read the runs in flight
+            ids = [c.flow_run_id for c in in_flight.values() if c.flow_run_id is not None]
+            runs = {r.id: r for r in await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))} if ids else {}
+            for cell in list(in_flight.values()):
+                run = runs.get(cell.flow_run_id)  # type: ignore[arg-type]
+                state = run.state if run else None
+                if state is None:
+                    continue
+                if cell.active_since is None and not state.is_scheduled():
+                    cell.active_since = now
+                if not state.is_final():
+                    continue
+                seconds = now - cell.active_since if cell.active_since else 0.0
+                ledger.estimated[run.id] = (seconds * ledger.hourly_usd / 3600, 0)
+                cell.runs.append({"flow_run_id": str(run.id), "state": state.name, "message": state.message,
+                                  "seconds": round(seconds, 1)})
+                del in_flight[cell.cell_id]
+                if state.is_completed():
+                    done[cell.cell_id] = await _summary(state, cell, logger)
+                elif _resubmittable(state) and cell.attempt < ex.crash_resubmits:
+                    cell.attempt += 1
+                    backoff = ex.resubmit_backoff_s * 2 ** (cell.attempt - 1)
+                    cell.not_before = now + backoff
+                    queue.append(cell)
+                    logger.warning("Cell %s run %s ended %s (%s); resubmitting in %.0f s (attempt %d of %d)",
+                                   cell.cell_id, run.id, state.name, state.message, backoff, cell.attempt,
+                                   ex.crash_resubmits)
+                else:
+                    failed[cell.cell_id] = f"{state.name}: {state.message}"
+                    logger.error("Cell %s gave up after %d attempt(s): %s", cell.cell_id, cell.attempt + 1,
+                                 failed[cell.cell_id])
+
+            # 3. kill criterion 5
+            await _price_finished_runs(client, ledger)
+            active = [now - c.active_since for c in in_flight.values() if c.active_since is not None]
+            spend = ledger.total(active)
+            too_long = [c.cell_id for c in in_flight.values()
+                        if c.active_since is not None and now - c.active_since > gates.max_job_hours * 3600]
+            over_budget = budget_usd is not None and spend > gates.spend_factor * budget_usd
+            if too_long or over_budget:
+                why = (f"job(s) {', '.join(too_long)} ran longer than gates.max_job_hours={gates.max_job_hours:g}"
+                       if too_long else
+                       f"spend ${spend:.2f} is over {gates.spend_factor:g} x the plan's ${budget_usd:.2f}")
+                cancelled = await _cancel_all(client, in_flight, f"kill criterion 5: {why}", cancel_wait_s, logger)
+                raise CostOverrun(f"Kill criterion 5 (cost overrun): {why}; cancelled {len(cancelled)} cell run(s)",
+                                  done, spend_usd=round(spend, 4), budget_usd=budget_usd, cancelled=cancelled)
+            if queue or in_flight:
+                await anyio.sleep(poll_s)
+
+    if failed:
+        raise CellsFailed(f"{len(failed)} of {len(cell_ids)} cells did not complete: {sorted(failed)}", done,
+                          failed=failed)
+    return done
+
+
+def _default_key_prefix(config: ScreenConfig) -> str:
+    from prefect.context import FlowRunContext
+
+    fingerprint = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:12]
+    ctx = FlowRunContext.get()
+    owner = str(ctx.flow_run.id) if ctx and ctx.flow_run else str(time.time_ns())
+    return f"{config.name}:{fingerprint}:{owner}"
+
+
+async def _submit(client: Any, config: ScreenConfig, cell: _Cell, deployment: str, prefix: str,
+                  job_variables: dict[str, Any] | None) -> UUID:
+    from prefect.deployments import arun_deployment
+
+    run = await arun_deployment(
+        deployment,
+        client=client,
+        parameters={"config": config.model_dump(mode="json"), "cell_id": cell.cell_id},
+        timeout=0,
+        flow_run_name=f"{cell.cell_id}-a{cell.attempt}",
+        idempotency_key=f"{prefix}:{cell.cell_id}:a{cell.attempt}",
+        tags=["eps-screen", f"screen:{config.name}"],
+        job_variables=job_variables,
+    )
+    return run.id
+
+
+def _resubmittable(state: Any) -> bool:
+    if state.is_crashed():
+        return True
+    return bool(state.is_failed() and state.message and _INFRA_FAILURE.search(state.message))
+
+
+async def _summary(state: Any, cell: _Cell, logger: Any) -> dict:
+    """The cell flow's return value (needs persisted results readable here); a stub if it cannot be read."""
+    try:
+        result = await state.aresult(raise_on_failure=False)
+    except Exception as exc:
+        logger.warning("Cell %s completed but its result could not be read (%s); returning a stub",
+                       cell.cell_id, type(exc).__name__)
+        result = None
+    if isinstance(result, dict):
+        return {"cell_id": cell.cell_id, **result}
+    return {"cell_id": cell.cell_id, "result_missing": True, "flow_run_id": cell.runs[-1]["flow_run_id"]}
+
+
+async def _price_finished_runs(client: Any, ledger: _Ledger) -> None:
+    """Swap estimates for the worker's published pod costs; give up on an estimate after 5 polls."""
+    if not ledger.estimated:
+        return
+    try:
+        from eps_screen_runpod.cost import read_pod_costs
+    except ImportError:  # no RunPod worker package: estimates are all there is
+        ledger.known.update({k: v for k, (v, _) in ledger.estimated.items()})
+        ledger.estimated.clear()
+        return
+    published = await read_pod_costs(client, list(ledger.estimated))
+    for run_id, (usd, polls) in list(ledger.estimated.items()):
+        if run_id in published:
+            ledger.known[run_id] = published[run_id]
+            del ledger.estimated[run_id]
+        elif polls >= 5:
+            ledger.known[run_id] = usd
+            del ledger.estimated[run_id]
+        else:
+            ledger.estimated[run_id] = (usd, polls + 1)
+
+
+async def _cancel_all(client: Any, in_flight: dict[str, _Cell], message: str, wait_s: float, logger: Any) -> list[str]:
+    """Cancel every run in flight (Cancelling -> the worker terminates the pod), then wait for them to settle."""
+    import anyio
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelled, Cancelling
+
+    ids = {c.flow_run_id: c.cell_id for c in in_flight.values() if c.flow_run_id is not None}
+    runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(ids))))
+    for run in runs:
+        if run.state is None or run.state.is_final():
+            continue
+        # A run no worker has picked up has no pod: cancel it outright; otherwise let the worker do it.
+        target = Cancelled(message=message) if run.state.is_scheduled() else Cancelling(message=message)
+        await client.set_flow_run_state(run.id, target, force=True)
+        logger.warning("Cancelling cell %s (flow run %s): %s", ids[run.id], run.id, message)
+    deadline = time.monotonic() + wait_s
+    while ids and time.monotonic() < deadline:
+        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(ids))))
+        if all(r.state is not None and r.state.is_final() for r in runs):
+            break
+        await anyio.sleep(1.0)
+    return sorted(ids.values())

@@ -1,0 +1,206 @@
+"""dispatch_cells against a temporary Prefect server, with a scripted stand-in for the work pool.
+
+`Executor` plays the worker: it picks up the deployment's scheduled runs and drives each to the state a
+script names for (cell, attempt): complete, crash, fail, fail-infra, hang. That isolates dispatch's own
+rules (bounded resubmits, backoff, never re-running a completed cell, the spend cap, cancellation) from
+pods; tests/integration/test_runpod_pool.py runs the real chain.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import anyio
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from prefect import flow  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.filters import (  # noqa: E402
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType  # noqa: E402
+from prefect.states import Cancelled, Completed, Crashed, Failed, Pending, Running  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+from eps_screen.config import ScreenConfig  # noqa: E402
+from eps_screen_runpod.cost import PodCost, publish_pod_cost  # noqa: E402
+from tasks.dispatch import CellsFailed, CostOverrun, adispatch_cells  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+DEPLOYMENT = "cell/dispatch-unit"
+
+
+@flow(name="cell")
+def cell(config: dict, cell_id: str) -> dict:  # never executed here: the Executor plays it
+    return {"cell_id": cell_id}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def harness():
+    with prefect_test_harness(server_startup_timeout=90):
+        yield anyio.run(make_deployment)
+
+
+async def make_deployment():
+    async with get_client() as client:
+        flow_id = await client.create_flow_from_name("cell")
+        return await client.create_deployment(flow_id=flow_id, name="dispatch-unit", entrypoint="x.py:cell")
+
+
+def screen_config(**execution) -> ScreenConfig:
+    ex = {"pool": "runpod-gpu", "max_parallel_cells": 3, "crash_resubmits": 2, "resubmit_backoff_s": 0.2,
+          "gpu_hourly_usd": 2.0, **execution}
+    return ScreenConfig(name="unit", execution=ex)
+
+
+class Executor:
+    """Drives scheduled runs of the deployment; `script(cell_id, attempt)` picks each run's fate."""
+
+    def __init__(self, deployment_id, script: Callable[[str, int], str], cost_usd: float = 0.0):
+        self.deployment_id, self.script, self.cost_usd = deployment_id, script, cost_usd
+        self.seen: list[tuple[str, int, str]] = []
+        self.max_in_flight = 0
+        self.hanging: set = set()
+
+    async def loop(self):
+        async with get_client() as client:
+            while True:
+                runs = await client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[self.deployment_id])),
+                    flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                        any_=[StateType.SCHEDULED, StateType.CANCELLING]))))
+                for run in runs:
+                    if run.state.type == StateType.CANCELLING:  # what the worker does: pod gone, run Cancelled
+                        await client.set_flow_run_state(run.id, Cancelled(message="pod terminated"), force=True)
+                        self.hanging.discard(run.id)
+                        continue
+                    cell_id, attempt = run.parameters["cell_id"], int(run.name.rsplit("-a", 1)[1])
+                    fate = self.script(cell_id, attempt)
+                    self.seen.append((cell_id, attempt, fate))
+                    await client.set_flow_run_state(run.id, Pending())
+                    await client.set_flow_run_state(run.id, Running())
+                    if self.cost_usd:
+                        await publish_pod_cost(client, run.id, PodCost.measure(
+                            pod_id="p", account="a", gpu_type="g", cloud="SECURE", gpu_count=1,
+                            usd_per_hour=self.cost_usd * 3600, started=0, ended=1, outcome=fate))
+                    if fate == "hang":
+                        self.hanging.add(run.id)
+                        continue
+                    final = {"complete": Completed(), "crash": Crashed(message="pod vanished"),
+                             "fail": Failed(message="ValueError in training"),
+                             "fail-infra": Failed(message="Flow run infrastructure exited with non-zero status")}[fate]
+                    await client.set_flow_run_state(run.id, final, force=True)
+                self.max_in_flight = max(self.max_in_flight, len(self.hanging))
+                await anyio.sleep(0.1)
+
+
+LAST: list[Executor] = [None]  # type: ignore[list-item]  # the latest Executor, for tests whose dispatch raises
+
+
+def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, **execution):
+    executor = LAST[0] = Executor(harness, script, cost_usd)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(executor.loop)
+            try:
+                return await adispatch_cells(screen_config(**execution), cells, DEPLOYMENT, budget_usd,
+                                             poll_s=0.2, key_prefix=f"k{time.time_ns()}", cancel_wait_s=10)
+            finally:
+                tg.cancel_scope.cancel()
+
+    try:
+        return anyio.run(main), executor
+    except BaseExceptionGroup as group:  # unwrap the task group's single error
+        raise group.exceptions[0] from None
+
+
+def test_all_complete_and_parallelism_is_bounded(harness):
+    cells = [f"c{i}" for i in range(7)]
+    out, ex = dispatch(harness, lambda c, a: "complete", cells, max_parallel_cells=2)
+    assert sorted(out) == cells and all(out[c]["cell_id"] == c for c in cells)
+    assert len(ex.seen) == 7
+
+
+def test_crashes_are_resubmitted_with_backoff_and_completed_cells_never_rerun(harness):
+    crashes = {"c1": 1, "c2": 2}  # c1 crashes once, c2 twice, then both complete
+    t0 = time.monotonic()
+    out, ex = dispatch(harness, lambda c, a: "crash" if a < crashes.get(c, 0) else "complete",
+                       ["c0", "c1", "c2"], resubmit_backoff_s=0.5)
+    assert sorted(out) == ["c0", "c1", "c2"]
+    assert [s for s in ex.seen if s[0] == "c2"] == [("c2", 0, "crash"), ("c2", 1, "crash"), ("c2", 2, "complete")]
+    assert sum(1 for c, _, f in ex.seen if f == "complete") == 3  # each cell completed exactly once
+    assert time.monotonic() - t0 >= 0.5 + 1.0  # backoff 0.5 s then 1.0 s for c2
+
+
+def test_resubmits_are_bounded_and_flow_failures_not_retried(harness):
+    script = {"c0": "complete", "c1": "crash", "c2": "fail", "c3": "fail-infra"}
+    with pytest.raises(CellsFailed) as err:
+        dispatch(harness, lambda c, a: script[c] if a < 5 else "complete", list(script), crash_resubmits=1)
+    assert set(err.value.failed) == {"c1", "c2", "c3"} and list(err.value.summaries) == ["c0"]
+    assert sorted((c, a) for c, a, _ in LAST[0].seen if c in ("c1", "c3")) == [("c1", 0), ("c1", 1), ("c3", 0), ("c3", 1)]
+    assert [a for c, a, _ in LAST[0].seen if c == "c2"] == [0]  # the flow's own failure: not retried
+    assert err.value.failed["c2"].startswith("Failed: ValueError")
+
+
+def test_spend_cap_counts_published_pod_costs(harness):
+    # each finished run published a $1 pod cost; budget $2 x spend_factor 1.5 = $3 -> the 4th trips the cap
+    with pytest.raises(CostOverrun) as err:
+        dispatch(harness, lambda c, a: "complete", [f"c{i}" for i in range(6)], cost_usd=1.0, budget_usd=2.0,
+                 max_parallel_cells=1, gpu_hourly_usd=0.0)
+    exc = err.value
+    assert exc.outcome == "CostOverrun" and 3.0 < exc.spend_usd <= 4.0 and sorted(exc.summaries) == ["c0", "c1", "c2", "c3"]
+    assert "Kill criterion 5" in str(exc)
+
+
+def test_spend_cap_cancels_in_flight_runs(harness):
+    # runs in flight are priced at gpu_hourly_usd ($1/s here): 4 hanging runs pass $3 within a second
+    with pytest.raises(CostOverrun) as err:
+        dispatch(harness, lambda c, a: "hang", [f"c{i}" for i in range(6)], budget_usd=2.0,
+                 max_parallel_cells=4, gpu_hourly_usd=3600.0)
+    exc = err.value
+    assert exc.spend_usd > 3.0 and exc.cancelled == ["c0", "c1", "c2", "c3"] and exc.summaries == {}
+
+
+def test_job_over_max_hours_stops_dispatch(harness):
+    cfg_gates = {"max_job_hours": 2 / 3600}
+
+    def run():
+        executor = Executor(harness, lambda c, a: "hang")
+
+        async def main():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(executor.loop)
+                try:
+                    config = ScreenConfig(name="unit", gates=cfg_gates,
+                                          execution={"pool": "runpod-gpu", "max_parallel_cells": 2})
+                    return await adispatch_cells(config, ["a", "b", "c"], DEPLOYMENT, None, poll_s=0.2,
+                                                 key_prefix=f"k{time.time_ns()}", cancel_wait_s=10)
+                finally:
+                    tg.cancel_scope.cancel()
+
+        return anyio.run(main), executor
+
+    with pytest.raises(BaseException) as err:
+        run()
+    exc = err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value
+    assert isinstance(exc, CostOverrun) and "max_job_hours" in str(exc) and sorted(exc.cancelled) == ["a", "b"]
+
+
+def test_importing_dispatch_has_no_side_effects():
+    import subprocess
+
+    code = "import sys, tasks.dispatch; assert 'prefect' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,139 @@
+"""clean_result.html in a real browser (headless Chromium): no console errors, three figures drawn, design collapsed.
+
+How: the page is copied with a small recorder script put first in <head> (it collects uncaught errors,
+failed resource loads and console.error calls, and after load writes what it found, plus what plotly drew,
+into the DOM); Chromium runs it offline (every network request goes to a dead proxy) and dumps the DOM.
+Chromium's own console log on stderr is checked as well. A control page with a deliberate error shows
+the harness does catch errors.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from eps_screen.aggregate import aggregate
+from eps_screen.config import ScreenConfig
+from eps_screen.design import all_slab_cells
+from eps_screen.simulate import simulate_screen
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install -y chromium)")
+
+FIGURES = ("factor_ranking", "ab_interaction", "persona_heatmap")
+
+RECORDER = """<script>
+(function () {
+  var errors = [];
+  window.addEventListener('error', function (e) {
+    var t = e.target;
+    errors.push(t && t !== window && (t.src || t.href) ? 'failed to load ' + (t.src || t.href) : 'error: ' + e.message);
+  }, true);
+  window.addEventListener('unhandledrejection', function (e) { errors.push('unhandled rejection: ' + e.reason); });
+  var original = console.error;
+  console.error = function () { errors.push('console.error: ' + Array.prototype.join.call(arguments, ' ')); return original.apply(console, arguments); };
+  window.addEventListener('load', function () {
+    setTimeout(function () {
+      var figures = {};
+      ['factor_ranking', 'ab_interaction', 'persona_heatmap'].forEach(function (id) {
+        var div = document.getElementById(id);
+        figures[id] = div ? {
+          main_svg: div.querySelectorAll('svg.main-svg').length,
+          bar_traces: div.querySelectorAll('.barlayer .trace').length,
+          scatter_traces: div.querySelectorAll('.scatterlayer .trace').length,
+          heatmaps: div.querySelectorAll('.hm').length
+        } : null;
+      });
+      var details = document.querySelector('details#design');
+      var out = document.createElement('pre');
+      out.id = '__report';
+      out.textContent = JSON.stringify({errors: errors, figures: figures, details_open: details ? details.open : null,
+                                        plotly: typeof Plotly});
+      document.body.appendChild(out);
+    }, 1000);
+  });
+})();
+</script>"""
+
+
+def run_in_chromium(page_html: str, work: Path) -> tuple[dict, str, str]:
+    """(recorder report, dumped DOM, chromium stderr) for a page."""
+    work.mkdir(parents=True, exist_ok=True)
+    page = work / "page.html"
+    page.write_text(page_html.replace("<head>", "<head>" + RECORDER, 1), encoding="utf-8")
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={work / 'profile'}",
+        "--enable-logging=stderr", "--v=0", "--proxy-server=http://127.0.0.1:9", "--virtual-time-budget=15000",
+        "--dump-dom", page.as_uri(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    found = re.search(r'<pre id="__report">(.*?)</pre>', proc.stdout, re.S)
+    assert found, f"the recorder never reported (chromium exit {proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(html.unescape(found.group(1))), proc.stdout, proc.stderr
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line and re.search(r"error|uncaught", line, re.I)]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    config = ScreenConfig(bootstrap={"resamples": 500})
+    cells = all_slab_cells(config)
+    out = tmp_path_factory.mktemp("report")
+    aggregate(config, simulate_screen(config, cells), [c.id for c in cells], out)
+    page = (out / "clean_result.html").read_text(encoding="utf-8")
+    report, dom, stderr = run_in_chromium(page, tmp_path_factory.mktemp("chromium"))
+    return page, report, dom, stderr
+
+
+def test_no_console_errors(rendered):
+    _, report, _, stderr = rendered
+    assert report["errors"] == []
+    assert console_errors(stderr) == []
+    assert report["plotly"] == "object"
+
+
+def test_three_figures_render(rendered):
+    _, report, _, _ = rendered
+    figs = report["figures"]
+    assert all(figs[f] and figs[f]["main_svg"] >= 1 for f in FIGURES), figs
+    assert figs["factor_ranking"]["bar_traces"] == 2  # pooled d bars for SR and LR
+    assert figs["ab_interaction"]["scatter_traces"] == 4  # B0 and B1 lines, SR and LR panels
+    assert figs["persona_heatmap"]["heatmaps"] == 1
+
+
+def test_design_section_is_collapsed(rendered):
+    page, report, dom, _ = rendered
+    assert report["details_open"] is False
+    tag = re.search(r"<details[^>]*id=\"design\"[^>]*>", dom).group(0)
+    assert "open" not in tag
+    section = page[page.index('<details id="design">'):page.index("</details>")]
+    assert "<summary>Experimental design</summary>" in section
+    for needle in ("The 32 cells", "Source stratification", "Seed plan", "Bootstrap scheme", "Loss-mask variant",
+                   "e0_negatives = eot", "Kill criteria and their outcomes"):
+        assert needle in section, needle
+    cell_table = section[section.index("The 32 cells"):section.index("Smoke fraction")]
+    assert cell_table.count("<tr>") == 33  # header + 32 cells
+
+
+def test_self_contained_with_plotly_once(rendered):
+    page, _, _, _ = rendered
+    assert page.count("* plotly.js v") == 1
+    assert not re.search(r"<script[^>]+src=", page)
+    assert not re.search(r"<link[^>]+href=\"https?:", page)
+
+
+def test_harness_catches_errors(tmp_path):
+    broken = "<html><head><title>x</title></head><body><script>console.error('boom'); notAFunction();</script></body></html>"
+    report, _, stderr = run_in_chromium(broken, tmp_path)
+    assert any("boom" in e for e in report["errors"])
+    assert any("notAFunction" in e for e in report["errors"])
+    assert console_errors(stderr)

@@ -1,0 +1,356 @@
+"""RunPodWorker.run against a temporary Prefect server and the fake RunPod API: one test per fault.
+
+The fake pods run tests/fakes/flow_run_script.py, which plays the flow-run engine (Running -> Completed,
+hangs, exits early, ...) so each watch rule is exercised in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from prefect import flow  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId  # noqa: E402
+from prefect.settings import PREFECT_API_KEY, temporary_settings  # noqa: E402
+from prefect.states import Cancelling, Pending  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from prefect.workers.base import BaseWorker  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+from eps_screen_runpod import RunPodJobConfiguration, RunPodWorker  # noqa: E402
+from eps_screen_runpod.cost import read_pod_costs  # noqa: E402
+from eps_screen_runpod.provision import ProvisioningFailed, docker_args_for, provision  # noqa: E402
+from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod  # noqa: E402,F401
+from tests.fakes.runpod_api import FakeRunPod  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+SCRIPT = ROOT / "tests" / "fakes" / "flow_run_script.py"
+POOL = "runpod-unit"
+PREFECT_KEY = "pnu_PREFECTKEY_abcdefghijklmnopqrstuvwxyz0123"
+GPUS = ["NVIDIA H100 80GB HBM3", "NVIDIA A100 80GB PCIe"]
+
+
+@flow(name="runpod-unit-flow")
+def unit_flow() -> None:
+    pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def harness():
+    with prefect_test_harness(server_startup_timeout=90):
+        anyio.run(create_pool)
+        yield
+
+
+async def create_pool() -> None:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    async with get_client() as client:
+        await client.create_work_pool(WorkPoolCreate(
+            name=POOL, type="runpod", base_job_template=RunPodWorker.get_default_base_job_template()))
+
+
+@pytest.fixture
+def fake(fake_runpod: FakeRunPod, monkeypatch, tmp_path) -> FakeRunPod:
+    monkeypatch.setenv("RUNPOD_API_KEY", TEST_KEY)
+    monkeypatch.setenv("SPARE_RUNPOD_KEY", OTHER_KEY)
+    fake_runpod.workdir = str(ROOT)
+    fake_runpod.image_env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "PREFECT_HOME": str(tmp_path / "pod-prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    return fake_runpod
+
+
+def config(flow_run, mode: str = "complete", seconds: float = 0.5, **overrides: Any) -> RunPodJobConfiguration:
+    values: dict[str, Any] = dict(
+        image="eps-screen:test", gpu_types=GPUS, poll_interval_s=0.5, bootstrap_timeout_s=30, exit_grace_s=1,
+        accounts=[{"name": "main", "api_key_env": "RUNPOD_API_KEY"}],
+        command=f"python {SCRIPT} {mode} {seconds}",
+    )
+    values.update(overrides)
+    cfg = RunPodJobConfiguration(**values)
+    cfg.prepare_for_flow_run(flow_run)
+    return cfg
+
+
+class Started:
+    def __init__(self) -> None:
+        self.value: str | None = None
+
+    def started(self, value: str) -> None:
+        self.value = value
+
+
+async def new_flow_run():
+    async with get_client() as client:
+        return await client.create_flow_run(unit_flow, state=Pending(), work_pool_name=POOL)
+
+
+async def final_state(flow_run_id):
+    async with get_client() as client:
+        return (await client.read_flow_run(flow_run_id)).state
+
+
+def run_one(mode: str = "complete", seconds: float = 0.5, during=None, **overrides: Any):
+    """Create a flow run, let the worker run it; returns (flow_run, result, final state, started pid, seconds)."""
+
+    async def main():
+        flow_run = await new_flow_run()
+        cfg = config(flow_run, mode, seconds, **overrides)
+        started = Started()
+        t0 = time.monotonic()
+        async with RunPodWorker(work_pool_name=POOL) as worker:
+            if during is None:
+                result = await worker.run(flow_run, cfg, task_status=started)
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(during, flow_run, started)
+                    result = await worker.run(flow_run, cfg, task_status=started)
+                    tg.cancel_scope.cancel()
+        return flow_run, result, await final_state(flow_run.id), started.value, time.monotonic() - t0
+
+    return anyio.run(main)
+
+
+def test_worker_type_is_registered_with_described_fields():
+    assert BaseWorker.get_worker_class_from_type("runpod") is RunPodWorker
+    props = RunPodWorker.get_default_base_job_template()["variables"]["properties"]
+    for name in ("gpu_types", "gpu_count", "cloud_types", "accounts", "image", "container_disk_gb", "volume_gb",
+                 "network_volume_id", "env", "max_wall_hours", "max_hourly_price", "poll_interval_s",
+                 "bootstrap_timeout_s"):
+        assert props[name].get("description"), name
+    with pytest.raises(ValidationError):
+        RunPodJobConfiguration(poll_interval_s=30)
+    with pytest.raises(ValidationError, match="exactly one"):
+        RunPodJobConfiguration(accounts=[{"name": "a", "api_key_env": "X", "api_key_secret_block": "b"}])
+
+
+def test_completed_run_terminates_pod_reports_cost_and_sends_only_needed_env(fake: FakeRunPod):
+    with temporary_settings({PREFECT_API_KEY: PREFECT_KEY}):
+        flow_run, result, state, pid, _ = run_one(env={"HF_HOME": "/workspace/hf"})
+    assert result.status_code == 0 and state.is_completed()
+    assert pid and pid.startswith("main:")
+    assert fake.live_pods() == [] and fake.running_processes() == []
+    created = fake.events_of("created")[0]
+    assert created["env_keys"] == ["HF_HOME", "PREFECT_API_KEY", "PREFECT_API_URL", "PREFECT__FLOW_RUN_ID"]
+    assert created["name"] == f"prefect-eps-{flow_run.id}"
+
+    async def costs():
+        async with get_client() as client:
+            return await read_pod_costs(client, [flow_run.id])
+
+    usd = anyio.run(costs)[flow_run.id]
+    assert 0 < usd < 0.01  # a few seconds of a $1.64/h GPU
+
+
+def test_fallback_over_gpu_types_clouds_and_accounts_logs_every_skip(fake: FakeRunPod, monkeypatch):
+    fake.faults.no_capacity = [("main", None, None), ("spare", GPUS[0], None)]
+    monkeypatch.setenv("BROKEN_KEY", "rpa_not_a_real_key")
+    cfg = RunPodJobConfiguration(
+        image="img", gpu_types=GPUS, cloud_types=["SECURE", "COMMUNITY"],
+        accounts=[{"name": "nokey", "api_key_env": "UNSET_RUNPOD_KEY"}, {"name": "broken", "api_key_env": "BROKEN_KEY"},
+                  {"name": "main", "api_key_env": "RUNPOD_API_KEY"}, {"name": "spare", "api_key_env": "SPARE_RUNPOD_KEY"}],
+        name="prefect-eps-fallback",
+    )
+    messages: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("test-fallback")
+    logger.addHandler(Capture())
+
+    async def main():
+        worker = RunPodWorker(work_pool_name=POOL)
+        apis = [await worker._api_or_reason(a) for a in cfg.accounts]
+        return await provision(cfg, apis, logger)
+
+    pod = anyio.run(main)
+    assert (pod.account, pod.gpu_type, pod.cloud) == ("spare", GPUS[1], "SECURE")
+    text = "\n".join(messages)
+    assert "UNSET_RUNPOD_KEY is not set" in text and "rejected the API key of account 'broken'" in text
+    assert text.count("no capacity") == 4 + 2  # main: 2 GPUs x 2 clouds; spare: H100 x 2 clouds
+    assert "rpa_not_a_real_key" not in text
+
+
+def test_max_hourly_price_and_no_capacity_anywhere_fail_provisioning(fake: FakeRunPod):
+    fake.faults.no_capacity = [(None, GPUS[1], None)]
+    with pytest.raises(ProvisioningFailed) as err:
+        run_one(max_hourly_price=2.0)
+    assert "above max_hourly_price" in str(err.value) and "no capacity" in str(err.value)
+    assert fake.live_pods() == []
+
+
+def test_vanished_pod_crashes_the_run_quickly(fake: FakeRunPod):
+    fake.faults.vanish_pods = {0}
+    fake.faults.vanish_after_s = (2.5, 2.5)
+    flow_run, result, state, _, _ = run_one("hang")
+    vanished = fake.events_of("vanished")[0]["t"]
+    assert result.status_code != 0 and state.is_crashed() and "vanished" in state.message
+    assert state.timestamp.timestamp() - vanished < 5  # poll 0.5 s; the issue's bound is 60 s
+    assert fake.running_processes() == []
+
+
+def test_container_exit_without_final_state_crashes(fake: FakeRunPod):
+    _, result, state, _, _ = run_one("exit")
+    assert state.is_crashed() and "container exited" in state.message
+    assert fake.live_pods() == []
+
+
+def test_bootstrap_silence_crashes_and_terminates(fake: FakeRunPod):
+    fake.faults.silent_pods = {0}
+    _, result, state, _, elapsed = run_one(bootstrap_timeout_s=2)
+    assert state.is_crashed() and "Bootstrap silence (kill criterion 6)" in state.message
+    assert elapsed < 10 and fake.live_pods() == []
+
+
+def test_slow_start_is_waited_for_but_bounded(fake: FakeRunPod):
+    fake.faults.start_delay_s = (2.0, 2.0)
+    _, _, state, _, _ = run_one(start_timeout_s=20)
+    assert state.is_completed()
+    _, _, state, _, _ = run_one(start_timeout_s=1)
+    assert state.is_crashed() and "did not reach RUNNING" in state.message
+    assert fake.live_pods() == []
+
+
+def test_wall_time_limit(fake: FakeRunPod):
+    _, _, state, _, _ = run_one("hang", max_wall_hours=3 / 3600)
+    assert state.is_crashed() and "max_wall_hours" in state.message
+    assert fake.live_pods() == []
+
+
+def test_api_errors_while_watching_are_survived(fake: FakeRunPod):
+    async def flaky(flow_run, started):
+        while started.value is None:
+            await anyio.sleep(0.1)
+        fake.faults.fail_next = [503, 429, 502, 500]
+
+    _, _, state, _, _ = run_one("complete", 3, during=flaky)
+    assert state.is_completed() and fake.stats["http_errors"] == 4
+    assert fake.live_pods() == []
+
+
+def test_cancellation_terminates_the_pod(fake: FakeRunPod):
+    async def cancel(flow_run, started):
+        while not fake.running_processes():
+            await anyio.sleep(0.1)
+        await anyio.sleep(2)  # the script has set Running
+        async with get_client() as client:
+            await client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+
+    _, result, state, _, _ = run_one("hang", during=cancel)
+    assert state.is_cancelled() and result.status_code == 0
+    assert fake.live_pods() == [] and fake.running_processes() == []
+
+
+def test_kill_infrastructure_terminates_by_pid(fake: FakeRunPod):
+    async def main():
+        flow_run = await new_flow_run()
+        cfg = config(flow_run, "hang")
+        async with RunPodWorker(work_pool_name=POOL) as worker:
+            apis = [await worker._api_or_reason(a) for a in cfg.accounts]
+            pod = await provision(cfg, apis, logging.getLogger("t"))
+            await worker.kill_infrastructure(pod.infrastructure_pid, cfg)
+            from prefect.exceptions import InfrastructureNotFound
+
+            with pytest.raises(InfrastructureNotFound):
+                await worker.kill_infrastructure(pod.infrastructure_pid, cfg)
+
+    anyio.run(main)
+    assert fake.live_pods() == []
+
+
+def test_hostile_command_and_env_reach_the_pod_intact(fake: FakeRunPod, tmp_path: Path):
+    out = tmp_path / "hostile.txt"
+    hostile = 'a "quoted" \\ back\\slash\nnew line } { $HOME `x` \'single\' \u00e9 \U0001F600'
+    command = f"printf '%s' \"$HOSTILE\" > {out}; printf '%s' '}}}}\"{{{{' >> {out}; python {SCRIPT} complete 0.2"
+
+    _, _, state, _, _ = run_one(command=command, env={"HOSTILE": hostile})
+    assert state.is_completed()
+    assert out.read_text() == hostile + '}}"{{'
+    deploys = [d for d in fake.documents if "podFindAndDeployOnDemand" in d]
+    assert len(deploys) == 1 and json.dumps(hostile)[1:-1] in deploys[0]  # escaped exactly, in one literal
+    assert docker_args_for(command).count('"') == 0
+
+
+def test_secrets_never_reach_logs_artifacts_or_reprs(fake: FakeRunPod, capfd, caplog):
+    # Everything Prefect and this package log, down to DEBUG. (Not third-party wire logs: the websockets
+    # library's own DEBUG frames echo Prefect's auth token, whoever the worker is.)
+    caplog.set_level(logging.DEBUG, logger="prefect")
+    caplog.set_level(logging.DEBUG, logger="eps_screen_runpod")
+    fake.faults.no_capacity = [(None, GPUS[0], None)]
+    with temporary_settings({PREFECT_API_KEY: PREFECT_KEY}):
+        flow_run, _, state, _, _ = run_one("env", env={"ENV_DUMP": str(Path(fake.log_dir) / "env.txt")})
+        cfg = config(flow_run)
+
+        async def collect():
+            async with get_client() as client:
+                logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+                arts = await client.read_artifacts()
+                return [log.message for log in logs], [json.dumps(a.model_dump(mode="json")) for a in arts]
+
+        logs, artifacts = anyio.run(collect)
+    assert state.is_completed()
+    assert PREFECT_KEY in (Path(fake.log_dir) / "env.txt").read_text()  # the pod does get what it needs
+    out, err = capfd.readouterr()
+    pod_logs = "".join(p.read_text() for p in Path(fake.log_dir).glob("pod-*.log"))
+    corpus = "\n".join([out, err, caplog.text, pod_logs, repr(cfg), str(cfg), *logs, *artifacts])
+    assert any("Skipping" in line for line in logs) and artifacts
+    for secret in (TEST_KEY, OTHER_KEY, PREFECT_KEY):
+        assert secret not in corpus
+    assert "PREFECT_API_KEY" not in cfg.env and PREFECT_KEY in cfg.pod_env().values()
+
+
+def test_reaper_terminates_orphans_and_adopts_unwatched_live_runs(fake: FakeRunPod):
+    from eps_screen_runpod.api import RunPodApi
+    from pydantic import SecretStr
+
+    api = RunPodApi(SecretStr(TEST_KEY), "main")
+    gpu = GPUS[1]
+
+    def pod_for(name: str, command: str, env: dict[str, str]) -> str:
+        return api.create_pod(name=name, image="img", gpu_type_id=gpu, cloud_type="SECURE", gpu_count=1,
+                              container_disk_gb=10, volume_gb=0, volume_mount_path="/w",
+                              docker_args=docker_args_for(command), env=env, network_volume_id=None,
+                              data_center_id=None)["id"]
+
+    async def main():
+        async with get_client() as client:
+            done = await client.create_flow_run(unit_flow, state=Pending())
+            await client.set_flow_run_state(done.id, __import__("prefect.states").states.Completed(), force=True)
+        live = await new_flow_run()
+        orphan = pod_for(f"prefect-eps-{done.id}", "sleep 60", {})
+        unknown = pod_for("prefect-eps-00000000-0000-4000-8000-000000000000", "sleep 60", {})
+        other = pod_for("someone-elses-pod", "sleep 60", {})
+        cfg = config(live)
+        adopted = pod_for(f"prefect-eps-{live.id}", f"python {SCRIPT} complete 2", cfg.pod_env())
+        async with RunPodWorker(work_pool_name=POOL) as worker:
+            await anyio.sleep(0.5)  # setup's first reaper pass
+            await worker.reap_once()
+            ids = {p["id"] for p in fake.live_pods()}
+            assert orphan not in ids and unknown not in ids and other in ids
+            for _ in range(200):  # the adopted pod is watched until its run completes
+                if adopted not in {p["id"] for p in fake.live_pods()}:
+                    break
+                await anyio.sleep(0.1)
+        return live, adopted, other
+
+    live, adopted, other = anyio.run(main)
+    assert anyio.run(final_state, live.id).is_completed()
+    assert [p["id"] for p in fake.live_pods()] == [other]
+    api.terminate_pod(other)
