@@ -245,6 +245,12 @@ class ScreenConfig(_Strict):
         dupes = sorted({s for s in sources if sources.count(s) > 1})
         if dupes:
             raise ValueError(f"duplicate sources {dupes}; list each persona once")
+        from eps_screen.panels import load_panels  # the panel files are data; read them only to check names
+
+        known = [p.id for p in load_panels().personas]
+        unknown = [s for s in sources if s not in known]
+        if unknown:
+            raise ValueError(f"unknown personas {unknown}; known: {', '.join(known)}")
         return sources
 
     @field_validator("factors")
@@ -260,13 +266,10 @@ class ScreenConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ScreenConfig:
-        from eps_screen.panels import load_panels  # the panel files are data; read them only to check names
+        from eps_screen.panels import load_panels
 
         panels = load_panels()
         known = [p.id for p in panels.personas]
-        unknown = [s for s in self.sources if s not in known]
-        if unknown:
-            raise ValueError(f"sources: unknown personas {unknown}; known: {', '.join(known)}")
         if self.smoke_source is not None and self.smoke_source not in self.sources:
             raise ValueError(f"smoke_source {self.smoke_source!r} is not one of sources {self.sources}")
         if self.eval.personas > len(known):

@@ -133,9 +133,25 @@ class ResultStore:
         frames = [pl.read_parquet(self.cell_dir(config, c) / "answers.parquet") for c in self.finished(config, cells)]
         return pl.concat(frames) if frames else None
 
-    # --- phases and report ---------------------------------------------------------------------------
+    # --- phases, gates and report --------------------------------------------------------------------
     def phase_path(self, name: str) -> Path:
         return self.dir / "phases" / f"{name}.json"
+
+    def save_phase(self, name: str, data: dict) -> Path:
+        path = self.phase_path(name)
+        write_json(path, data)
+        return path
+
+    def save_gate(self, outcome: dict) -> None:
+        """Gate outcomes by number; the latest evaluation of a gate replaces the earlier one."""
+        path = self.phase_path("gates")
+        gates = read_json(path) if path.exists() else {}
+        gates[str(outcome["number"])] = outcome
+        write_json(path, gates)
+
+    def gates(self) -> list[dict]:
+        path = self.phase_path("gates")
+        return list(read_json(path).values()) if path.exists() else []
 
     @property
     def report_dir(self) -> Path:

@@ -6,6 +6,12 @@ E0 (marker only):  positives: loss on the tokens overlapping the marker (and the
                    token where a marker could have stood, 'none' gives them no loss (they are dropped).
 Labels are built from character offsets of the rendered chat, so a multi-token marker, or a BPE merge of
 the space with the marker's first character, is masked by what the tokens cover, not by guesswork.
+
+Speed (GPU): bf16 autocast; TRL's fused LM head scores only labelled positions (no full logits); optional
+padding-free batches (training.packing) through a varlen flash-attention kernel (eps_screen.models); Liger's
+fused RMSNorm/SwiGLU/RoPE kernels where liger-kernel is installed; gradient checkpointing as an option; the
+recipe's batch cut into micro-batches that fit a token budget (same examples per optimizer step, so the same
+science). Measured levers and figures: BENCHMARKS.md, section GPU.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eps_screen.config import ScreenConfig
@@ -90,18 +96,83 @@ class TrainReport:
     tokens_per_s: float
     final_loss: float | None
     losses: list[float]
+    # Throughput after the first steps (kernel autotuning, Triton JIT): what a long run converges to.
+    steady_tokens_per_s: float | None = None
+    peak_memory_gb: float | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    options: dict = field(default_factory=dict)  # the speed levers in force: bf16, liger, padding_free, ...
+
+
+class _StepClock:
+    """Wall time and cumulative real tokens (TRL's num_tokens) at every logged optimizer step."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        marks = self.marks = []
+
+        class Callback(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "num_tokens" in logs and "loss" in logs:
+                    marks.append((time.perf_counter(), float(logs["num_tokens"])))
+
+        self.callback = Callback()
+
+    def steady(self, skip: int = 2) -> float | None:
+        """Tokens/s between the end of step `skip` and the last step (None with too few steps to tell)."""
+        if len(self.marks) < skip + 3:
+            return None
+        (t0, n0), (t1, n1) = self.marks[skip - 1], self.marks[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+
+def split_batch(batch_size: int, grad_accum: int, longest: int, max_batch_tokens: int | None) -> tuple[int, int]:
+    """(micro batch, accumulation steps) with the same examples per optimizer step, the micro batch the largest
+    divisor of batch_size whose longest sequences fit in max_batch_tokens. The recipe's batch (a scientific
+    constant of the screen) never changes; only how it is cut to fit the GPU does."""
+    if not max_batch_tokens or batch_size * longest <= max_batch_tokens:
+        return batch_size, grad_accum
+    fitting = [d for d in range(batch_size, 0, -1) if batch_size % d == 0 and d * longest <= max_batch_tokens]
+    micro = fitting[0] if fitting else 1
+    return micro, grad_accum * (batch_size // micro)
+
+
+def liger_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
+    """The levers train_lora uses, from the config (fields read with defaults until config.py has them)."""
+    t = config.training
+    liger = getattr(t, "liger", None)  # None = on where installed and on a GPU
+    return {
+        "bf16": on_gpu and config.model.dtype == "bfloat16",
+        "padding_free": bool(t.packing),
+        "varlen_attention": bool(t.packing) and on_gpu and config.model.attn_implementation == "sdpa",
+        "liger": on_gpu and liger_available() if liger is None else bool(liger) and on_gpu,
+        "gradient_checkpointing": bool(t.gradient_checkpointing),
+        "max_batch_tokens": getattr(t, "max_batch_tokens", None),
+    }
 
 
 def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer: bool, seed: int, out_dir: Path) -> TrainReport:
     """Train one LoRA adapter on `base` (eps_screen.models.BaseModel) and save it to out_dir.
 
-    The base weights are left as they were (the adapter is unloaded), so the next cell reuses them.
+    The base weights are left as they were (the adapter is unloaded, and what the trainer attached to the base
+    model for this run is taken off again), so the next cell of the same process reuses them.
     """
+    import gc
+
     import torch
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
+
+    from eps_screen.models import use_varlen_attention
 
     rows = tokenize_set(base.tokenizer, examples, config, whole_answer)
     if not rows:
@@ -109,11 +180,13 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     dataset = Dataset.from_list([asdict(r) for r in rows])
     t = config.training
     on_gpu = torch.cuda.is_available()
-    bf16 = on_gpu and config.model.dtype == "bfloat16"
+    opts = speed_options(config, on_gpu)
+    longest = max(len(r.input_ids) for r in rows)
+    micro, accum = split_batch(t.batch_size, t.grad_accum, longest, opts["max_batch_tokens"])
     args = SFTConfig(
         output_dir=str(out_dir / "trainer"),
-        per_device_train_batch_size=t.batch_size,
-        gradient_accumulation_steps=t.grad_accum,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum,
         num_train_epochs=t.epochs,
         learning_rate=t.learning_rate,
         warmup_steps=t.warmup_ratio,  # transformers 5: a float below 1 is a ratio of the steps
@@ -121,9 +194,11 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         seed=seed,
         data_seed=seed,
         max_length=None,  # truncated above; TRL would otherwise drop fully masked rows
-        padding_free=t.packing,
-        gradient_checkpointing=t.gradient_checkpointing,
-        bf16=bf16,
+        padding_free=opts["padding_free"],
+        gradient_checkpointing=opts["gradient_checkpointing"],
+        gradient_checkpointing_kwargs={"use_reentrant": False} if opts["gradient_checkpointing"] else None,
+        use_liger_kernel=opts["liger"],
+        bf16=opts["bf16"],
         report_to=[],
         save_strategy="no",
         logging_steps=1,
@@ -139,19 +214,49 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         target_modules=target[0] if target == ["all-linear"] else target,
         task_type="CAUSAL_LM",
     )
+    # What the trainer attaches to the base model and this function takes off again afterwards.
+    base_model = base.model
+    own_forward = base_model.__dict__.get("forward")  # TRL patches the instance's forward (fused LM head)
+    had_grad_hook = hasattr(base_model, "_require_grads_hook")
+    restore_attn = use_varlen_attention(base_model) if opts["varlen_attention"] else None
+    clock = _StepClock()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(seed)
-    model = get_peft_model(base.model, lora)
+    model = get_peft_model(base_model, lora)
+    trainer = None
     try:
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer, callbacks=[clock.callback]
+        )
         trainer.remove_callback(PrinterCallback)  # losses go to train_report.json, not to stdout per step
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
         model.save_pretrained(out_dir)
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        steps = trainer.state.global_step
     finally:
         model.unload()  # strips the LoRA layers: base.model is the untouched base again
-        base.model.eval()
+        if own_forward is None:
+            base_model.__dict__.pop("forward", None)
+        else:
+            base_model.forward = own_forward
+        if base_model.__dict__.get("peft_config") is not None:
+            del base_model.peft_config
+        if opts["gradient_checkpointing"]:
+            base_model.gradient_checkpointing_disable()
+        if not had_grad_hook and hasattr(base_model, "_require_grads_hook"):
+            base_model.disable_input_require_grads()
+        if restore_attn:
+            base_model.set_attn_implementation(restore_attn)
+        base_model.eval()
+        if trainer is not None:
+            trainer.accelerator.free_memory()  # drops the accelerator's references to the optimizer and model
+        del trainer, model
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
     tokens = sum(len(r.input_ids) for r in rows)
     epochs_run = math.ceil(t.epochs) if t.epochs > 1 else t.epochs
     report = TrainReport(
@@ -159,11 +264,16 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         positives=sum(e.positive for e in examples),
         tokens=tokens,
         target_tokens=sum(sum(lbl != IGNORE for lbl in r.labels) for r in rows),
-        steps=trainer.state.global_step,
+        steps=steps,
         seconds=seconds,
         tokens_per_s=tokens * epochs_run / seconds if seconds else 0.0,
         final_loss=losses[-1] if losses else None,
         losses=losses,
+        steady_tokens_per_s=clock.steady(),
+        peak_memory_gb=torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        micro_batch=micro,
+        grad_accum=accum,
+        options=opts,
     )
     (out_dir / "train_report.json").write_text(json.dumps(asdict(report), indent=1))
     return report

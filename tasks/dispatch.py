@@ -95,7 +95,8 @@ class _Ledger:
 
 
 def dispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
-                   *, poll_s: float = 5.0, key_prefix: str | None = None, cancel_wait_s: float = 60.0) -> dict[str, dict]:
+                   *, poll_s: float = 5.0, key_prefix: str | None = None,
+                   cancel_wait_s: float = 60.0) -> dict[str, dict]:
     """Blocking wrapper around `adispatch_cells` (usable from a sync flow)."""
     from prefect.utilities.asyncutils import run_coro_as_sync
 
@@ -154,7 +155,8 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
 
             # 2. read the runs in flight
             ids = [c.flow_run_id for c in in_flight.values() if c.flow_run_id is not None]
-            runs = {r.id: r for r in await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))} if ids else {}
+            in_ids = FlowRunFilter(id=FlowRunFilterId(any_=ids))
+            runs = {r.id: r for r in await client.read_flow_runs(flow_run_filter=in_ids)} if ids else {}
             for cell in list(in_flight.values()):
                 run = runs.get(cell.flow_run_id)  # type: ignore[arg-type]
                 state = run.state if run else None

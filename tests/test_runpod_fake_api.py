@@ -10,7 +10,9 @@ import pytest
 import requests
 from pydantic import SecretStr
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1])) if str(Path(__file__).resolve().parents[1]) not in sys.path else None
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from eps_screen_runpod.api import (  # noqa: E402
     BadApiKey,
@@ -22,7 +24,8 @@ from eps_screen_runpod.api import (  # noqa: E402
 )
 from eps_screen_runpod.provision import docker_args_for  # noqa: E402
 from runpod.api.mutations import pods as sdk_pods  # noqa: E402
-from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod  # noqa: E402,F401
+
+from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod_fixture  # noqa: E402,F401
 from tests.fakes.runpod_api import FakeRunPod  # noqa: E402
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05, timeout_s=5)

@@ -20,19 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from eps_screen_runpod import RunPodJobConfiguration, RunPodWorker  # noqa: E402
+from eps_screen_runpod.cost import read_pod_costs  # noqa: E402
+from eps_screen_runpod.provision import ProvisioningFailed, docker_args_for, provision  # noqa: E402
 from prefect import flow  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId  # noqa: E402
 from prefect.settings import PREFECT_API_KEY, temporary_settings  # noqa: E402
-from prefect.states import Cancelling, Pending  # noqa: E402
+from prefect.states import Cancelling, Completed, Pending  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 from prefect.workers.base import BaseWorker  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from eps_screen_runpod import RunPodJobConfiguration, RunPodWorker  # noqa: E402
-from eps_screen_runpod.cost import read_pod_costs  # noqa: E402
-from eps_screen_runpod.provision import ProvisioningFailed, docker_args_for, provision  # noqa: E402
-from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod  # noqa: E402,F401
+from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod_fixture  # noqa: E402,F401
 from tests.fakes.runpod_api import FakeRunPod  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -162,8 +162,10 @@ def test_fallback_over_gpu_types_clouds_and_accounts_logs_every_skip(fake: FakeR
     monkeypatch.setenv("BROKEN_KEY", "rpa_not_a_real_key")
     cfg = RunPodJobConfiguration(
         image="img", gpu_types=GPUS, cloud_types=["SECURE", "COMMUNITY"],
-        accounts=[{"name": "nokey", "api_key_env": "UNSET_RUNPOD_KEY"}, {"name": "broken", "api_key_env": "BROKEN_KEY"},
-                  {"name": "main", "api_key_env": "RUNPOD_API_KEY"}, {"name": "spare", "api_key_env": "SPARE_RUNPOD_KEY"}],
+        accounts=[{"name": "nokey", "api_key_env": "UNSET_RUNPOD_KEY"},
+                  {"name": "broken", "api_key_env": "BROKEN_KEY"},
+                  {"name": "main", "api_key_env": "RUNPOD_API_KEY"},
+                  {"name": "spare", "api_key_env": "SPARE_RUNPOD_KEY"}],
         name="prefect-eps-fallback",
     )
     messages: list[str] = []
@@ -332,18 +334,24 @@ def test_reaper_terminates_orphans_and_adopts_unwatched_live_runs(fake: FakeRunP
     async def main():
         async with get_client() as client:
             done = await client.create_flow_run(unit_flow, state=Pending())
-            await client.set_flow_run_state(done.id, __import__("prefect.states").states.Completed(), force=True)
+            await client.set_flow_run_state(done.id, Completed(), force=True)
         live = await new_flow_run()
         orphan = pod_for(f"prefect-eps-{done.id}", "sleep 60", {})
         unknown = pod_for("prefect-eps-00000000-0000-4000-8000-000000000000", "sleep 60", {})
         other = pod_for("someone-elses-pod", "sleep 60", {})
         cfg = config(live)
         adopted = pod_for(f"prefect-eps-{live.id}", f"python {SCRIPT} complete 2", cfg.pod_env())
-        async with RunPodWorker(work_pool_name=POOL) as worker:
+        watched = await new_flow_run()  # live, and its worker is online: not ours to adopt
+        async with get_client() as client:
+            await client.update_flow_run_labels(watched.id, {"prefect.worker.name": "busy-worker"})
+        busy = pod_for(f"prefect-eps-{watched.id}", "sleep 60", {})
+        async with RunPodWorker(work_pool_name=POOL, name="busy-worker"), RunPodWorker(work_pool_name=POOL) as worker:
             await anyio.sleep(0.5)  # setup's first reaper pass
             await worker.reap_once()
             ids = {p["id"] for p in fake.live_pods()}
-            assert orphan not in ids and unknown not in ids and other in ids
+            assert orphan not in ids and unknown not in ids and other in ids and busy in ids
+            assert watched.id not in worker._watching
+            api.terminate_pod(busy)
             for _ in range(200):  # the adopted pod is watched until its run completes
                 if adopted not in {p["id"] for p in fake.live_pods()}:
                     break

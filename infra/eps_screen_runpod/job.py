@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from prefect.settings import get_current_settings
 from prefect.workers.base import BaseJobConfiguration, BaseVariables
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -70,7 +70,7 @@ class RunPodFields(BaseModel):
 
     image: Optional[str] = Field(
         default=None,
-        description="Container image with the project installed (see infra/README.md), e.g. ghcr.io/org/eps-screen:0.1.0.",
+        description="Image with the project installed (infra/README.md), e.g. ghcr.io/org/eps-screen:0.1.0.",
     )
     gpu_types: list[str] = Field(
         default=["NVIDIA H100 80GB HBM3", "NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],
@@ -96,12 +96,16 @@ class RunPodFields(BaseModel):
         default=None, description="A RunPod network volume to attach (pins the pod to the volume's data center)."
     )
     max_wall_hours: float = Field(
-        default=24.0, gt=0, description="A pod older than this is terminated and its run ends Crashed (kill criterion 5)."
+        default=24.0, gt=0,
+        description="A pod older than this is terminated and its run ends Crashed (kill criterion 5).",
     )
     max_hourly_price: Optional[float] = Field(
-        default=None, gt=0, description="Skip GPU type / cloud offers whose pod price (USD/hour, all GPUs) is above this."
+        default=None, gt=0,
+        description="Skip GPU type / cloud offers whose pod price (USD/hour, all GPUs) is above this.",
     )
-    poll_interval_s: float = Field(default=10.0, ge=0.2, le=15.0, description="Seconds between pod checks (at most 15).")
+    poll_interval_s: float = Field(
+        default=10.0, ge=0.2, le=15.0, description="Seconds between pod checks (at most 15)."
+    )
     bootstrap_timeout_s: float = Field(
         default=300.0,
         gt=0,

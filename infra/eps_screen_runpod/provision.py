@@ -8,6 +8,7 @@ the worker reports the run as Crashed with that list (the screen resubmits it af
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -120,23 +121,23 @@ async def provision(
                 if cfg.max_hourly_price is not None and price > cfg.max_hourly_price:
                     skip(what, f"price ${price:.2f}/h is above max_hourly_price ${cfg.max_hourly_price:.2f}/h")
                     continue
+                deploy = functools.partial(
+                    api.create_pod,
+                    name=cfg.name or cfg.name_prefix,
+                    image=cfg.image or "",
+                    gpu_type_id=gpu_type,
+                    cloud_type=cloud,
+                    gpu_count=cfg.gpu_count,
+                    container_disk_gb=cfg.container_disk_gb,
+                    volume_gb=cfg.volume_gb,
+                    volume_mount_path=cfg.volume_mount_path,
+                    docker_args=docker_args,
+                    env=cfg.pod_env(),
+                    network_volume_id=cfg.network_volume_id,
+                    data_center_id=data_center,
+                )
                 try:
-                    pod = await anyio.to_thread.run_sync(
-                        lambda: api.create_pod(  # noqa: B023 - called at once, inside the loop
-                            name=cfg.name or cfg.name_prefix,
-                            image=cfg.image or "",
-                            gpu_type_id=gpu_type,
-                            cloud_type=cloud,
-                            gpu_count=cfg.gpu_count,
-                            container_disk_gb=cfg.container_disk_gb,
-                            volume_gb=cfg.volume_gb,
-                            volume_mount_path=cfg.volume_mount_path,
-                            docker_args=docker_args,
-                            env=cfg.pod_env(),
-                            network_volume_id=cfg.network_volume_id,
-                            data_center_id=data_center,
-                        )
-                    )
+                    pod = await anyio.to_thread.run_sync(deploy)
                 except NoCapacity as exc:
                     skip(what, f"no capacity ({exc})")
                     continue
@@ -150,7 +151,8 @@ async def provision(
                 cost = pod.get("costPerHr")
                 usd = float(cost) if cost else price
                 logger.info("Deployed pod %s: %s at $%.2f/h", pod["id"], what, usd)
-                return ProvisionedPod(str(pod["id"]), api, gpu_type, cloud, cfg.gpu_count, usd, skips=skips, name=cfg.name or "")
+                return ProvisionedPod(str(pod["id"]), api, gpu_type, cloud, cfg.gpu_count, usd, skips=skips,
+                                      name=cfg.name or "")
             if account_dead:
                 break
     raise ProvisioningFailed(skips)

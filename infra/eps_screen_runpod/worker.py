@@ -41,6 +41,10 @@ from eps_screen_runpod.job import RunPodAccount, RunPodJobConfiguration, RunPodV
 from eps_screen_runpod.provision import ProvisionedPod, provision
 
 _EXITED = {"EXITED", "TERMINATED", "DEAD"}
+# Returned when the worker ended the run as Crashed itself: any non-zero code makes the base worker propose
+# Crashed too (refused: the run is already terminal); -1 maps to Prefect's generic "check the logs" hint,
+# not to 1's misleading "unhandled exception in the flow".
+CRASHED_BY_WORKER = -1
 _NOT_STARTED = {StateType.SCHEDULED, StateType.PENDING}
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -127,7 +131,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             await self._terminate(pod, logger, outcome, flow_run.id)
             if outcome.kind == "crash":
                 await self._propose_crashed_state(flow_run, outcome.message)
-                return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=1)
+                return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=CRASHED_BY_WORKER)
             if outcome.kind == "cancel" and outcome.flow_run is not None:
                 await self._mark_flow_run_as_cancelled(outcome.flow_run, {"message": outcome.message})
         return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=0)
@@ -135,6 +139,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
     async def _watch(self, flow_run: FlowRun, cfg: RunPodJobConfiguration, pod: ProvisionedPod, logger: Any,
                      running_since: float | None) -> Outcome:
         created = time.monotonic()
+        started = False  # the flow run has been seen Running: bootstrap is over for good (retries may reschedule)
         exited_since: float | None = None
         quiet_errors = 0
         interval = min(cfg.poll_interval_s, 15.0)
@@ -147,6 +152,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                 return Outcome("final", f"flow run ended {state.name}")
             if state is not None and state.type == StateType.CANCELLING:
                 return Outcome("cancel", f"Cancelled: pod {pod.pod_id} terminated by the RunPod worker", current)
+            started = started or (state is not None and state.type not in _NOT_STARTED)
             try:
                 info = await anyio.to_thread.run_sync(pod.api.get_pod, pod.pod_id)
                 if info is None and not await self._in_inventory(pod):
@@ -172,7 +178,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                                                 f" is still {state.name if state else 'unknown'}")
             if running_since is None and now - created > cfg.start_timeout_s:
                 return Outcome("crash", f"RunPod pod {pod.pod_id} did not reach RUNNING in {cfg.start_timeout_s:.0f} s")
-            if (running_since is not None and state is not None and state.type in _NOT_STARTED
+            if (running_since is not None and not started and state is not None
                     and now - running_since > cfg.bootstrap_timeout_s):
                 return Outcome("crash", f"Bootstrap silence (kill criterion 6): pod {pod.pod_id} RUNNING for"
                                         f" {now - running_since:.0f} s but the flow run never started")
@@ -269,7 +275,16 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             return
         if flow_run.work_pool_name != self._work_pool_name:
             return  # a live run of another pool: its own worker owns it
+        owner = (flow_run.labels or {}).get("prefect.worker.name")
+        if owner and owner != self.name and owner in await self._online_workers():
+            return  # its worker is alive and watching it
         await self._adopt(flow_run, api, info)
+
+    async def _online_workers(self) -> set[str]:
+        from prefect.client.schemas.objects import WorkerStatus
+
+        workers = await self.client.read_workers_for_work_pool(self._work_pool_name)
+        return {w.name for w in workers if w.status == WorkerStatus.ONLINE}
 
     async def _adopt(self, flow_run: FlowRun, api: RunPodApi, info: dict[str, Any]) -> None:
         cfg = await self.job_configuration.resolve_for_flow_run(

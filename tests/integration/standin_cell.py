@@ -27,7 +27,8 @@ def cell(config: ScreenConfig, cell_id: str) -> dict:
     with open(root / "started.log", "a") as log:
         log.write(f"{cell_id} {os.environ.get('PREFECT__FLOW_RUN_ID')}\n")
     time.sleep(float(os.environ.get("STANDIN_SECONDS", "1")))
-    summary = {"cell_id": cell_id, "sr": round(len(cell_id) / 100, 3), "flow_run_id": os.environ.get("PREFECT__FLOW_RUN_ID")}
+    summary = {"cell_id": cell_id, "sr": round(len(cell_id) / 100, 3),
+               "flow_run_id": os.environ.get("PREFECT__FLOW_RUN_ID")}
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary))
     tmp.rename(done)

@@ -3,6 +3,10 @@
 RUNNING and ~10% no-capacity answers. Every cell completes, none is recomputed, no pod is left, vanished
 pods are detected in well under 60 s, and no API key shows up in any output or artifact.
 
+The cells run the real `cell` flow (flows/cell.py) on the simulated backend, one 32-cell slab; set
+EPS_IT_CELL=standin to use tests/integration/standin_cell.py instead. "Recomputed" is observed directly: a
+watcher thread records every write of each cell's finished-marker file (the store's metrics.json).
+
 The figures land in test-output/runpod_reliability.json (RELIABILITY.md quotes them).
 """
 
@@ -13,15 +17,14 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import anyio
 import pytest
-
-from tests.integration.conftest import PREFECT, ROOT, quiet_env, stop
-
+from eps_screen_runpod import RunPodWorker  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import (  # noqa: E402
     DeploymentFilter,
@@ -31,10 +34,12 @@ from prefect.client.schemas.filters import (  # noqa: E402
 )
 from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings  # noqa: E402
 
+from eps_screen import design  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
-from eps_screen_runpod import RunPodWorker  # noqa: E402
+from eps_screen.store import ResultStore  # noqa: E402
 from tasks.dispatch import dispatch_cells  # noqa: E402
 from tests.fakes.runpod_api import FakeRunPod, Faults  # noqa: E402
+from tests.integration.conftest import PREFECT, ROOT, quiet_env, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -43,8 +48,34 @@ PREFECT_KEY = "pnu_INTEGRATIONPREFECTKEY_abcdefghijklmnop"
 POOL = "runpod-it"
 N_CELLS = int(os.environ.get("EPS_IT_CELLS", "32"))
 POLL_S = 2.0
-USE_REAL_CELL = os.environ.get("EPS_IT_CELL") == "real" and (ROOT / "flows" / "cell.py").exists()
+USE_REAL_CELL = os.environ.get("EPS_IT_CELL", "real") == "real" and (ROOT / "flows" / "cell.py").exists()
 ENTRYPOINT = "flows/cell.py:cell" if USE_REAL_CELL else "tests/integration/standin_cell.py:cell"
+
+
+class WriteWatcher(threading.Thread):
+    """Counts the distinct writes (inode, mtime) of each cell's finished-marker file."""
+
+    def __init__(self, paths: dict[str, Path]):
+        super().__init__(daemon=True)
+        self.paths, self.seen = paths, {c: set() for c in paths}
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.scan()
+            time.sleep(0.2)
+
+    def scan(self) -> None:
+        for cell_id, path in self.paths.items():
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            self.seen[cell_id].add((st.st_ino, st.st_mtime_ns))
+
+    def writes(self) -> Counter:
+        self.scan()
+        return Counter({c: len(v) for c, v in self.seen.items()})
 
 
 def pool_template() -> dict:
@@ -98,7 +129,7 @@ async def all_runs_and_logs():
 
 def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     store, results = tmp_path / "store", tmp_path / "results"
-    faults = Faults(seed=7, vanish_pods=set(range(0, 10_000, 4)), vanish_after_s=(1.0, 6.0),
+    faults = Faults(seed=7, vanish_pods=set(range(0, 10_000, 4)), vanish_after_s=(0.5, 4.0),
                     no_capacity_rate=0.10, start_delay_s=(0.5, 2.0))
     fake = FakeRunPod({RUNPOD_KEY: "main"}, workdir=ROOT, log_dir=tmp_path / "pods", faults=faults,
                       image_env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
@@ -128,22 +159,31 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
             execution={"pool": "runpod-gpu", "max_parallel_cells": 6, "crash_resubmits": 6, "resubmit_backoff_s": 1},
             gates={"bootstrap_silence_s": 60},
         )
-        cells = [f"cell{i:02d}" for i in range(N_CELLS)]
+        if USE_REAL_CELL:
+            cells = [c.id for c in design.slab_cells(config, config.sources[0])][:N_CELLS]
+            result_store = ResultStore.for_config(config)
+            markers = {c: result_store.cell_dir(config, design.Cell.parse(c)) / "metrics.json" for c in cells}
+        else:
+            cells = [f"cell{i:02d}" for i in range(N_CELLS)]
+            markers = {c: store / "standin" / f"{c}.json" for c in cells}
+        watcher = WriteWatcher(markers)
+        watcher.start()
         t_dispatch = time.time()
         with temporary_settings(api):
             summaries = dispatch_cells(config, cells, deployment, budget_usd=100.0, poll_s=1.0)
         dispatch_s = time.time() - t_dispatch
 
         # every cell completed with its summary; none computed twice
-        assert sorted(summaries) == cells and all(s["cell_id"] == c for c, s in summaries.items())
-        computed = Counter((store / "standin" / "computed.log").read_text().split())
-        assert set(computed) == set(cells) and max(computed.values()) == 1
+        assert sorted(summaries) == sorted(cells) and all(s["cell_id"] == c for c, s in summaries.items())
+        computed = watcher.writes()
+        assert set(computed) == set(cells) and max(computed.values()) == 1, computed
 
         # a re-run of finished cells returns them from the store (no recomputation)
         with temporary_settings(api):
             again = dispatch_cells(config, cells[:3], deployment, poll_s=1.0, key_prefix="rerun")
-        assert all(again[c]["from_store"] for c in cells[:3])
-        assert Counter((store / "standin" / "computed.log").read_text().split()) == computed
+        assert sorted(again) == sorted(cells[:3])
+        watcher.halt.set()
+        assert watcher.writes() == computed
 
         # zero pods left: the worker terminates each pod as its run ends
         deadline = time.time() + 30
@@ -167,7 +207,9 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
             detections.append(run.state.timestamp.timestamp() - event["t"])
     vanished = len(fake.events_of("vanished"))
     created = len(fake.events_of("created"))
-    assert vanished >= 0.2 * created * 0.8 and detections and max(detections) < 60
+    assert detections and max(detections) < 60
+    if N_CELLS >= 30:  # the issue's bar: >= 20% of pods vanish after RUNNING
+        assert vanished >= 0.2 * created
     states = Counter(r.state.name for r in runs)
     assert states["Completed"] == N_CELLS + 3
 
@@ -192,7 +234,8 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         "resubmissions": len(runs) - N_CELLS - 3,
         "vanish_detection_s": {"n": len(detections), "median": round(statistics.median(detections), 2),
                                "max": round(max(detections), 2)},
-        "cells_computed_once": sum(1 for v in computed.values() if v == 1), "finished_cells_redone": 0,
+        "cells_computed_once": sum(1 for v in computed.values() if v == 1),
+        "finished_cells_redone": sum(v - 1 for v in computed.values()),
         "pods_left_running": 0, "dispatch_s": round(dispatch_s, 1), "total_s": round(time.time() - t0, 1),
         "cost_artifacts": len(cost_artifacts),
         "pod_usd_total": round(sum(sum(r["usd"] for r in json.loads(a.data)) for a in cost_artifacts), 4),
@@ -201,3 +244,54 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     out.mkdir(exist_ok=True)
     (out / "runpod_reliability.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+
+
+def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, tmp_path: Path):
+    """Kill criterion 5 end to end: dispatch cancels the running cells, the worker terminates their pods."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from tasks.dispatch import CostOverrun
+
+    pool, store = "runpod-cap", tmp_path / "store"
+    fake = FakeRunPod({RUNPOD_KEY: "main"}, workdir=ROOT, log_dir=tmp_path / "pods",
+                      image_env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    fake_url = fake.start()
+
+    async def setup() -> None:
+        async with get_client() as client:
+            await client.create_work_pool(WorkPoolCreate(name=pool, type="runpod", base_job_template=pool_template()))
+            flow_id = await client.create_flow_from_name("cell")
+            await client.create_deployment(
+                flow_id=flow_id, name="runpod-cap", entrypoint="tests/integration/standin_cell.py:cell",
+                work_pool_name=pool,
+                pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
+                job_variables={"command": "python -m prefect.engine", "env": {"STANDIN_SECONDS": "300"}})
+
+    worker = None
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect_server}):
+            anyio.run(setup)
+        env = quiet_env(tmp_path / "worker-home", PREFECT_API_URL=prefect_server, RUNPOD_API_KEY=RUNPOD_KEY,
+                        RUNPOD_API_BASE_URL=fake_url, PREFECT_WORKER_QUERY_SECONDS="1")
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, "--type", "runpod"], env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # $36/h per job = 1 cent a second; 3 jobs pass 1.5 x $0.30 about 15 s after they start
+        config = ScreenConfig(name="cap", store=str(store),
+                              backend={"generation": "simulated", "training": "simulated"},
+                              execution={"pool": "runpod-gpu", "max_parallel_cells": 3, "gpu_hourly_usd": 36.0})
+        t0 = time.time()
+        with temporary_settings({PREFECT_API_URL: prefect_server}), pytest.raises(CostOverrun) as err:
+            dispatch_cells(config, ["a", "b", "c", "d", "e"], "cell/runpod-cap", budget_usd=0.30, poll_s=1.0)
+        assert err.value.outcome == "CostOverrun" and err.value.cancelled == ["a", "b", "c"]
+        assert err.value.summaries == {} and time.time() - t0 < 120
+        deadline = time.time() + 30
+        while fake.live_pods() and time.time() < deadline:
+            time.sleep(0.5)
+        assert fake.live_pods() == [] and fake.running_processes() == []
+        assert len(fake.events_of("created")) == 3 and len(fake.events_of("terminated")) == 3
+        assert not (store / "standin" / "computed.log").exists()
+    finally:
+        if worker is not None:
+            stop(worker)
+        fake.stop()

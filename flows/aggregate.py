@@ -1,0 +1,82 @@
+"""Aggregation: reads only the result store, so it runs anywhere (CPU), any time, on a partial screen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+from eps_screen.aggregate import aggregate as aggregate_results
+from eps_screen.config import ScreenConfig, parse_config
+from eps_screen.plan import expected_cells
+from eps_screen.store import ResultStore, read_json
+from tasks.cells import artifact_key
+
+
+def _summary_markdown(config: ScreenConfig, result, report: Path) -> str:
+    cov = result.metrics.coverage
+    lines = [
+        f"# Screen `{config.name}`",
+        f"Report: `{report}`" + (" (partial: some cells are missing)" if result.partial else ""),
+        "",
+        "| gate | fired | reason |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {g.reason} |" for g in result.metrics.gates]
+    lines += ["", f"Cells present: {cov.model_dump().get('present', '')}"]
+    return "\n".join(lines)
+
+
+@flow(name="aggregate", log_prints=True)
+def aggregate(config: ScreenConfig) -> dict:
+    """Main effects, interactions, gates 3-4, predictions, figures and clean_result.html from stored cells."""
+    logger = get_run_logger()
+    store = ResultStore.for_config(config)
+    expected = expected_cells(config, store)
+    answers = store.load_answers(config, expected)
+    if answers is None:
+        logger.warning("no finished cells in %s yet: nothing to aggregate", store.dir)
+        return {"report": None, "partial": True, "cells": 0}
+    extras = {"gates": store.gates()}
+    result = aggregate_results(config, answers, [c.id for c in expected], store.report_dir, extras)
+    report = result.paths["clean_result.html"]
+    create_markdown_artifact(
+        key=artifact_key(f"summary-{config.name}"), markdown=_summary_markdown(config, result, report)
+    )
+    create_link_artifact(
+        key=artifact_key(f"report-{config.name}"), link=report.as_uri(), link_text="clean_result.html"
+    )
+    for gate in result.metrics.gates:
+        store.save_gate(gate.model_dump(mode="json"))
+    return {
+        "report": str(report),
+        "partial": result.partial,
+        "cells": answers["cell_id"].n_unique(),
+        "fired": [g.name for g in result.fired],
+    }
+
+
+def screens_in(store_root: str | Path) -> list[Path]:
+    return sorted(p.parent for p in Path(store_root).expanduser().glob("*/screen.json"))
+
+
+def _stale(screen_dir: Path) -> bool:
+    """New results since the last report: any metrics.json newer than aggregate_metrics.json."""
+    report = screen_dir / "report" / "aggregate_metrics.json"
+    if not report.exists():
+        return True
+    made = report.stat().st_mtime
+    return any(m.stat().st_mtime > made for m in screen_dir.glob("cells/*/*/metrics.json"))
+
+
+@flow(name="aggregate-all", log_prints=True)
+def aggregate_all(store: str = "results") -> dict:
+    """The scheduled job: re-aggregate every screen in the store that has results newer than its report."""
+    done = {}
+    for screen_dir in screens_in(store):
+        if _stale(screen_dir):
+            config = parse_config({**read_json(screen_dir / "screen.json")["config"], "store": str(screen_dir.parent)})
+            done[config.name] = aggregate(config)["report"]
+    print(f"re-aggregated {len(done)} screen(s): {sorted(done)}")
+    return done

@@ -1,0 +1,102 @@
+"""The screen: phases 0-4 of SPEC.md, read top to bottom. Gates end the run in a state named "Killed".
+
+Cells run in this process (pool 'inprocess', one at a time: they share the loaded base model) or as runs
+of the `cell` deployment on a GPU work pool (tasks/dispatch.py: resubmits crashed runs, enforces the
+spend cap). Either way every finished cell is in the store, so running the screen again resumes it.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.states import Completed, Failed
+
+from eps_screen import design, gates
+from eps_screen.config import ScreenConfig
+from eps_screen.design import Cell
+from eps_screen.plan import make_plan, multiseed_pick
+from eps_screen.provenance import provenance
+from eps_screen.store import ResultStore, write_json
+from flows.aggregate import aggregate
+from tasks.cells import artifact_key, cell_task, pre_screen_task, regime_task
+
+KILLED = "Killed"
+DEPLOYMENTS = {"local-gpu": "cell/cell-local-gpu", "runpod-gpu": "cell/cell-runpod"}
+
+
+class Progress:
+    """The screen's progress artifact: distinct cells finished out of the cells known so far."""
+
+    def __init__(self, config: ScreenConfig):
+        self.done: set[str] = set()
+        self.total = make_plan(config).distinct_cells
+        self.id = create_progress_artifact(
+            progress=0.0, key=artifact_key(f"progress-{config.name}"), description=f"cells done of {self.total}"
+        )
+
+    def advance(self, cell_ids: list[str]) -> None:
+        self.done.update(cell_ids)
+        update_progress_artifact(self.id, progress=100.0 * len(self.done) / self.total)
+
+
+def run_cells(config: ScreenConfig, cells: list[Cell], progress: Progress) -> dict[str, dict]:
+    if config.execution.pool != "inprocess":
+        from tasks.dispatch import dispatch_cells
+
+        budget = make_plan(config).estimate.get("cost_usd")
+        results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget)
+        progress.advance(list(results))
+        return results
+    results = {}
+    for regime in design.regimes(cells) if not config.simulated else []:
+        regime_task(config, regime)
+    for cell in cells:
+        results[cell.id] = cell_task(config, cell.id)
+        progress.advance([cell.id])
+    return results
+
+
+def killed(store: ResultStore, outcome: gates.GateOutcome):
+    store.save_gate(outcome.model_dump(mode="json"))
+    return Failed(name=KILLED, message=f"kill criterion {outcome.number} ({outcome.name}): {outcome.reason}")
+
+
+@flow(name="screen")
+def screen(config: ScreenConfig) -> dict:
+    logger = get_run_logger()
+    store = ResultStore.for_config(config)
+    store.check_writable()
+    write_json(store.dir / "screen.json", {"config": config.model_dump(mode="json"), "provenance": provenance()})
+    progress = Progress(config)
+
+    # Phase 0: the base model must not already emit the marker.
+    pre = pre_screen_task(config)
+    contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"])
+    store.save_gate(contamination.model_dump(mode="json"))
+    if contamination.fired:
+        return killed(store, contamination)
+
+    # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
+    smoke = run_cells(config, design.smoke_cells(config), progress)
+    verdict = gates.smoke([m["source_rate"] for m in smoke.values()], config.gates.smoke_floor, config.gates.smoke_ceiling)
+    store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
+    store.save_gate(verdict.model_dump(mode="json"))
+    if verdict.fired:
+        return killed(store, verdict)
+
+    # Phase 2: all 32 cells of every source at the primary seed (the smoke cells are found finished).
+    for source in config.sources:
+        slab = run_cells(config, design.slab_cells(config, source), progress)
+        store.save_phase(f"slab-{source}", {"source": source, "cells": slab})
+
+    # Phase 3: the top cells of each source again at the extra seeds.
+    multiseed = multiseed_pick(config, store) or []
+    store.save_phase("multiseed", {"cells": run_cells(config, multiseed, progress)})
+
+    # Phase 4: statistics, the later gates, figures and the clean-result page.
+    result = aggregate(config)
+    logger.info("report: %s", result["report"])
+    fired = result.get("fired") or []
+    if fired:
+        return Completed(message=f"report {result['report']}; gates fired: {', '.join(fired)}", data=result)
+    return result

@@ -1,0 +1,70 @@
+"""Prefect tasks around the cell pipeline: retries, cache keys, tags and the per-cell artifact.
+
+The cache key is the store's content address of the cell (inputs + pipeline version) plus the store's
+location, so Prefect shows a re-run's finished cells as Cached; the store check inside run_cell is what
+makes a re-run skip them on any machine, even with Prefect's result cache gone.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from eps_screen import pipeline
+from eps_screen.config import ScreenConfig
+from eps_screen.design import Cell, Regime
+from eps_screen.store import ResultStore, cell_key, regime_key
+
+
+def _cell_cache_key(_ctx, params) -> str:
+    config: ScreenConfig = params["config"]
+    return f"cell-{ResultStore.for_config(config).dir}-{cell_key(config, Cell.parse(params['cell_id']))}"
+
+
+def _regime_cache_key(_ctx, params) -> str:
+    config: ScreenConfig = params["config"]
+    return f"regime-{ResultStore.for_config(config).dir}-{regime_key(config, params['regime'])}"
+
+
+def artifact_key(text: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower())
+
+
+@task(name="answers", retries=2, retry_delay_seconds=5, cache_key_fn=_regime_cache_key, persist_result=True,
+      task_run_name="answers {regime.id}")
+def regime_task(config: ScreenConfig, regime: Regime) -> int:
+    answers, _ = pipeline.regime_answers(config, regime, ResultStore.for_config(config))
+    return len(answers)
+
+
+@task(name="cell", retries=2, retry_delay_seconds=5, cache_key_fn=_cell_cache_key, persist_result=True,
+      task_run_name="cell {cell_id}", tags=["cell"])
+def cell_task(config: ScreenConfig, cell_id: str) -> dict:
+    metrics = pipeline.run_cell(config, Cell.parse(cell_id), ResultStore.for_config(config))
+    if not metrics.get("reused"):
+        create_table_artifact(
+            key=artifact_key(f"cell-{config.name}-{cell_id}"),
+            table=[cell_summary(metrics)],
+            description=f"Cell {cell_id} of screen {config.name}",
+        )
+    return cell_summary(metrics)
+
+
+def cell_summary(metrics: dict) -> dict:
+    """What the flow and the UI need of a cell's metrics (the full record stays in the store)."""
+    return {
+        "cell_id": metrics["cell_id"],
+        "source_rate": metrics["source_rate"],
+        "leakage": metrics["leakage"],
+        "random_control_rate": metrics.get("random_control_rate"),
+        "answers": metrics["answers"],
+        "markers": metrics["markers"],
+        "adapter": metrics.get("adapter"),
+        "seconds": round(metrics.get("timings", {}).get("total_s", 0.0), 2),
+    }
+
+
+@task(name="pre-screen", retries=1, persist_result=False)
+def pre_screen_task(config: ScreenConfig) -> dict:
+    return pipeline.pre_screen(config, ResultStore.for_config(config))

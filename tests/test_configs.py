@@ -1,0 +1,91 @@
+"""Every shipped config loads; bad configs are refused with one line per problem, naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from eps_screen.config import ConfigError, load_config, parse_config
+from tests.conftest import CONFIGS
+
+SHIPPED = sorted(CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_config_loads_and_its_header_is_the_command(path):
+    config = load_config(path)
+    assert config.name == path.stem
+    assert path.read_text().splitlines()[0] == f"# eps-screen run deployments/configs/{path.name}"
+
+
+def test_qwen7b_has_the_numbers_of_the_spec():
+    c = load_config(CONFIGS / "qwen7b.yaml")
+    assert c.model.base == "Qwen/Qwen2.5-7B-Instruct"
+    assert (c.lora.rank, c.lora.alpha, c.training.learning_rate, c.training.epochs) == (32, 64, 1e-5, 3)
+    assert (c.data.positives, c.data.negatives, c.marker) == (200, 400, "[ZLT]")
+    assert (c.eval.personas, c.eval.questions, c.eval.samples, c.eval.max_new_tokens) == (24, 20, 5, 2048)
+    assert (c.seeds.primary, c.seeds.multiseed, c.seeds.top_k) == (42, [137, 256], 3)
+    assert c.bootstrap.resamples == 10_000 and c.gates.noise_d == 0.15 and c.gates.spend_factor == 1.5
+
+
+BAD = [
+    ({"marker": ""}, "marker: must not be empty"),
+    ({"model": {"base": "  "}}, "model.base: must not be empty"),
+    ({"sources": ["librarian", "wizard"]}, "sources: unknown personas ['wizard']"),
+    ({"sources": ["nurse", "nurse"]}, "sources: duplicate sources ['nurse']"),
+    ({"sources": []}, "sources: at least one source"),
+    ({"seeds": {"multiseed": [7, 7]}}, "seeds.multiseed: duplicate seeds"),
+    ({"seeds": {"primary": 42, "multiseed": [42, 1]}}, "repeats the primary seed 42"),
+    ({"eval": {"samples": 0}}, "eval.samples: Input should be greater than or equal to 1"),
+    ({"eval": {"questions": 0}}, "eval.questions: Input should be greater than or equal to 1"),
+    ({"eval": {"questions": "many"}}, "eval.questions: Input should be a valid integer"),
+    ({"lora": {"rank": -1}}, "lora.rank: Input should be greater than or equal to 1"),
+    ({"factors": {"F": {"label": "x", "low": "a", "high": "b"}}}, "factors: unknown factors ['F']"),
+    ({"training": {"learning_rate": 2}}, "training.learning_rate: Input should be less than 1"),
+    ({"colour": "blue"}, "colour: unknown field; allowed here: name, model"),
+    ({"execution": {"pool": "moon"}}, "execution.pool: Input should be 'inprocess', 'local-gpu' or 'runpod-gpu'"),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), BAD, ids=[b[1].split(":")[0] for b in BAD])
+def test_bad_values_name_the_field_and_the_fix(data, expected):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert any(line.startswith(expected) for line in err.value.problems), err.value.problems
+
+
+def test_validate_cli_prints_plan(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "validate", str(CONFIGS / "qwen7b.yaml")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "96 cells (3 sources x 32)" in out.stdout and "distinct cells:     114" in out.stdout
+    assert "18 cells" in out.stdout
+
+
+def test_validate_cli_one_line_per_problem_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('marker: ""\nseeds: {multiseed: [1, 1]}\neval: {samples: 0}\n')
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("error: ") for line in lines)
+    assert "Traceback" not in out.stderr
+
+
+def test_run_refuses_a_bad_config_before_importing_prefect(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {positives: ''}\n")
+    code = (
+        "import sys; from flows.cli import main\n"
+        f"rc = main(['run', {str(bad)!r}]) if False else None\n"
+        "try:\n"
+        f"    main(['run', {str(bad)!r}])\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code, 'prefect' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "exit 2 False False" in out.stdout, out.stdout + out.stderr
+    assert "data.positives" in out.stderr
