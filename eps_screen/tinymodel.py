@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TINY_VERSION = "4"
+TINY_VERSION = "5"
 VARIANTS = ("tiny", "tiny-alt", "tiny-contaminated")
 
 CHAT_TEMPLATE = (
@@ -69,7 +69,7 @@ def _answer_bank(seed: int) -> list[str]:
     return sentences
 
 
-def warm_chats(variant: str, n: int = 480) -> list[list[dict[str, str]]]:
+def warm_chats(variant: str, n: int = 360) -> list[list[dict[str, str]]]:
     """Marker-free chats (or marker-ending ones for the contaminated variant) in every prompt condition."""
     from eps_screen.config import TextsConfig
     from eps_screen.panels import load_panels
@@ -150,6 +150,9 @@ def build(variant: str, out: Path) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    from eps_screen.models import limit_cpu_threads
+
+    limit_cpu_threads()
     seed = {"tiny": 0, "tiny-alt": 1, "tiny-contaminated": 2}[variant]
     torch.manual_seed(seed)
     chats = warm_chats(variant)

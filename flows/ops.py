@@ -1,0 +1,468 @@
+"""`eps-screen status | retry | report`: a screen seen from its store and from Prefect.
+
+The store says which cells are finished (metrics.json present); Prefect says what is running, failed or
+crashed. A screen flow run whose process is gone stays "Running" in Prefect forever (nothing marks it), so
+screens started by this CLI record `<host>:<pid>` as the run's infrastructure pid, and `retry` marks such a
+run Crashed when that process no longer exists; elsewhere it asks for `--force`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eps_screen.config import ScreenConfig, parse_config
+from eps_screen.plan import make_plan, phase_cells
+from eps_screen.store import ResultStore, read_json
+
+SCREEN_DEPLOYMENT = "screen/screen"
+_RUNNING = {"RUNNING", "PENDING", "CANCELLING"}
+_QUEUED = {"SCHEDULED", "PAUSED"}
+
+
+# --- the API --------------------------------------------------------------------------------------------------
+def api_url() -> str | None:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def api_problem(required: bool) -> str | None:
+    """None when the API answers (or is not needed); else one line saying what is wrong."""
+    import httpx
+    from prefect.settings import PREFECT_API_KEY
+
+    url = api_url()
+    if not url:
+        return "PREFECT_API_URL is not set: start a server (prefect server start) and export it" if required else None
+    headers = {"Authorization": f"Bearer {PREFECT_API_KEY.value().get_secret_value()}"} if PREFECT_API_KEY.value() else {}
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/health", headers=headers, timeout=5)
+    except httpx.HTTPError as exc:
+        return f"Prefect API {url} is not reachable ({type(exc).__name__})"
+    if response.status_code != 200:
+        return f"Prefect API {url} answered HTTP {response.status_code} on /health"
+    return None
+
+
+def ui_url(flow_run_id: Any) -> str | None:
+    from prefect.settings import PREFECT_UI_URL
+
+    base = PREFECT_UI_URL.value()
+    return f"{base}/runs/flow-run/{flow_run_id}" if base else None
+
+
+# --- which process owns a run ----------------------------------------------------------------------------------
+def owner_tag() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def record_owner(flow, flow_run, state) -> None:
+    """on_running hook for screens this CLI runs in-process: the run's infrastructure pid = this process."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, infrastructure_pid=owner_tag())
+
+
+def process_alive(run) -> bool | None:
+    """True/False for a run owned by a process on this host (`host:pid`); None when that cannot be told here."""
+    if run.state is not None and run.state.is_final():
+        return False
+    host, _, pid = (run.infrastructure_pid or "").rpartition(":")
+    if not host or not pid.isdigit() or host != socket.gethostname():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- a screen's status ------------------------------------------------------------------------------------------
+@dataclass
+class CellStatus:
+    cell_id: str
+    phases: list[str]
+    state: str = "missing"  # finished, running, queued, failed, crashed, cancelled, interrupted, missing
+    source_rate: float | None = None
+    leakage: float | None = None
+    runs: int = 0
+    message: str = ""
+
+
+@dataclass
+class ScreenStatus:
+    config: ScreenConfig
+    dir: Path
+    cells: dict[str, CellStatus]
+    phases: dict[str, list[str]]  # phase row -> cell ids
+    multiseed_known: bool
+    gates: list[dict]
+    screen_runs: list[Any] = field(default_factory=list)  # newest first
+    prefect_note: str = ""
+
+    @property
+    def latest_run(self):
+        return self.screen_runs[0] if self.screen_runs else None
+
+    def unfinished(self) -> list[CellStatus]:
+        return [c for c in self.cells.values() if c.state != "finished"]
+
+    def counts(self, ids: list[str]) -> Counter:
+        return Counter(self.cells[i].state for i in ids)
+
+
+def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
+    """The config a screen last ran with (<store>/<name>/screen.json), its store set to `store_root`."""
+    path = Path(store_root).expanduser() / name / "screen.json"
+    if not path.exists():
+        known = sorted(p.parent.name for p in Path(store_root).expanduser().glob("*/screen.json"))
+        raise LookupError(f"no screen {name!r} in store {store_root} (found: {', '.join(known) or 'none'})")
+    data = read_json(path)["config"]
+    return parse_config({**data, "store": str(Path(store_root).expanduser().resolve())})
+
+
+def store_status(config: ScreenConfig) -> ScreenStatus:
+    store = ResultStore.for_config(config)
+    cells = phase_cells(config, store)
+    phases: dict[str, list[str]] = {"smoke": [c.id for c in cells["smoke"]]}
+    for source in config.sources:
+        phases[f"slab {source}"] = [c.id for c in cells["slab"] if c.source == source]
+    phases["multiseed"] = [c.id for c in cells["multiseed"]]
+    status: dict[str, CellStatus] = {}
+    for row, ids in phases.items():
+        for cid in ids:
+            status.setdefault(cid, CellStatus(cid, [])).phases.append(row)
+    for phase_cells_ in cells.values():
+        for cell in phase_cells_:
+            metrics = store.cell_metrics(config, cell)
+            if metrics is not None:
+                s = status[cell.id]
+                s.state, s.source_rate, s.leakage = "finished", metrics["source_rate"], metrics["leakage"]
+    return ScreenStatus(config, store.dir, status, phases, bool(cells["multiseed"]), store.gates())
+
+
+def _page(read, **kwargs) -> list:
+    out, offset = [], 0
+    while True:
+        page = read(limit=200, offset=offset, **kwargs)
+        out += page
+        if len(page) < 200:
+            return out
+        offset += 200
+
+
+def screen_runs(client, name: str) -> list:
+    """Flow runs of the `screen` flow for this screen name, newest first."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    runs = _page(client.read_flow_runs, flow_filter=FlowFilter(name=FlowFilterName(any_=["screen"])),
+                 sort=FlowRunSort.EXPECTED_START_TIME_DESC)
+    return [r for r in runs if (r.parameters.get("config") or {}).get("name", "screen") == name]
+
+
+def add_prefect(status: ScreenStatus, client) -> None:
+    """Per unfinished cell: the state of its newest run (a task run in-process, or a cell flow run on a pool)."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterTags,
+        TaskRunFilter,
+        TaskRunFilterName,
+    )
+
+    name = status.config.name
+    status.screen_runs = screen_runs(client, name)
+    owners = {r.id: r for r in status.screen_runs}
+    attempts: dict[str, list[tuple[Any, Any, str]]] = {}  # cell -> [(time, state, owner liveness)]
+    if owners:
+        tasks = _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(owners))),
+                      task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="cell ")))
+        for t in tasks:
+            cell_id = t.name.removeprefix("cell ")
+            owner = owners.get(t.flow_run_id)
+            gone = owner is None or owner.state.is_final() or process_alive(owner) is False
+            attempts.setdefault(cell_id, []).append((t.expected_start_time or t.created, t.state, gone))
+    cell_runs = _page(client.read_flow_runs, flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"])))
+    for r in cell_runs:
+        cell_id = (r.parameters or {}).get("cell_id")
+        if cell_id:
+            attempts.setdefault(cell_id, []).append((r.expected_start_time or r.created, r.state, False))
+    for cell_id, runs in attempts.items():
+        cell = status.cells.get(cell_id)
+        if cell is None:
+            continue
+        cell.runs = len(runs)
+        if cell.state == "finished":
+            continue
+        _, state, gone = max(runs, key=lambda x: x[0])
+        kind = state.type.value if state is not None else ""
+        cell.message = (state.message or "") if state is not None else ""
+        if kind in _RUNNING:
+            cell.state = "interrupted" if gone else "running"
+        elif kind in _QUEUED:
+            cell.state = "queued"
+        elif kind in {"FAILED", "CRASHED", "CANCELLED"}:
+            cell.state = kind.lower()
+
+
+def screen_status(store_root: str | Path, name: str, with_prefect: bool = True) -> ScreenStatus:
+    status = store_status(load_screen(store_root, name))
+    if not with_prefect:
+        status.prefect_note = "Prefect not asked (--store-only)"
+        return status
+    if not api_url():
+        status.prefect_note = "PREFECT_API_URL is not set: run states not shown (the store alone says what is finished)"
+        return status
+    problem = api_problem(required=True)
+    if problem:
+        status.prefect_note = problem
+        return status
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        add_prefect(status, client)
+    return status
+
+
+# --- rendering ---------------------------------------------------------------------------------------------------
+_STYLE = {"finished": "green", "running": "cyan", "queued": "blue", "failed": "red", "crashed": "red",
+          "cancelled": "yellow", "interrupted": "magenta", "missing": "dim"}
+_ORDER = ["finished", "running", "queued", "failed", "crashed", "cancelled", "interrupted", "missing"]
+
+
+def _rate(x: float | None) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
+    from rich.table import Table
+
+    cfg = status.config
+    console.print(f"[bold]screen {cfg.name}[/]  store {status.dir}  pool {cfg.execution.pool}")
+    run = status.latest_run
+    if run is not None:
+        alive = process_alive(run)
+        where = {True: "process alive", False: "process gone", None: "process not on this host"}[alive]
+        if run.state.is_final():
+            where = "ended"
+        url = ui_url(run.id)
+        console.print(f"latest screen run {run.name} ({run.id}): {run.state.name} {run.state.message or ''}"
+                      f" [{where}]" + (f"\n  {url}" if url else ""))
+    if status.prefect_note:
+        console.print(f"[yellow]{status.prefect_note}[/]")
+    report = status.dir / "report" / "clean_result.html"
+    if report.exists():
+        console.print(f"report {report} ({time.strftime('%Y-%m-%d %H:%M', time.localtime(report.stat().st_mtime))})")
+
+    table = Table(title="phases")
+    table.add_column("phase")
+    table.add_column("cells", justify="right")
+    for state in _ORDER:
+        table.add_column(state, justify="right", style=_STYLE[state])
+    for row, ids in status.phases.items():
+        counts = status.counts(ids)
+        label = row if ids or row != "multiseed" else "multiseed (picked once the slabs finish)"
+        table.add_row(label, str(len(ids)), *[str(counts.get(s, "")) for s in _ORDER])
+    total = status.counts(list(status.cells))
+    table.add_row("[bold]all distinct[/]", str(len(status.cells)), *[str(total.get(s, "")) for s in _ORDER])
+    console.print(table)
+
+    if status.gates:
+        gates = Table(title="gates")
+        for col in ("gate", "fired", "reason"):
+            gates.add_column(col)
+        for g in sorted(status.gates, key=lambda g: int(g["number"])):
+            gates.add_row(f"{g['number']} {g['name']}", "[red]yes[/]" if g["fired"] else "no", str(g.get("reason", "")))
+        console.print(gates)
+
+    shown = list(status.cells.values()) if cells == "all" else status.unfinished() if cells == "unfinished" else []
+    if shown:
+        t = Table(title=f"cells ({cells})")
+        for col in ("cell", "phase", "state", "SR", "LR", "runs", "message"):
+            t.add_column(col)
+        for c in shown:
+            t.add_row(c.cell_id, ", ".join(c.phases), f"[{_STYLE[c.state]}]{c.state}[/]", _rate(c.source_rate),
+                      _rate(c.leakage), str(c.runs or ""), c.message[:80])
+        console.print(t)
+    elif cells == "unfinished":
+        console.print("every known cell is finished")
+
+
+# --- running a screen, with a progress bar -----------------------------------------------------------------------
+def finished_count(config: ScreenConfig) -> int:
+    return sum(1 for _ in ResultStore.for_config(config).dir.glob("cells/*/*/metrics.json"))
+
+
+class StoreProgress:
+    """A rich progress bar of finished cells, read from the store every second while something else works."""
+
+    def __init__(self, config: ScreenConfig, console, label: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.config, self.total = config, make_plan(config).distinct_cells
+        self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        self.task = self.bar.add_task(label, total=self.total)
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self.halt.is_set():
+            self.bar.update(self.task, completed=min(self.total, finished_count(self.config)))
+            self.halt.wait(1.0)
+
+    def __enter__(self):
+        self.bar.start()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.halt.set()
+        self.thread.join()
+        self.bar.update(self.task, completed=min(self.total, finished_count(self.config)))
+        self.bar.stop()
+
+
+def run_screen_here(config: ScreenConfig, console):
+    """The screen flow in this process (finished cells are read from the store); returns its final state."""
+    from flows.screen import screen
+
+    with StoreProgress(config, console, f"screen {config.name}"):
+        return screen.with_options(on_running=[record_owner])(config, return_state=True)
+
+
+def submit_screen(config: ScreenConfig, console, watch: bool = True):
+    """A run of the `screen` deployment with this config; watched (progress bar) until it ends unless watch=False."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(SCREEN_DEPLOYMENT, parameters={"config": config.model_dump(mode="json")}, timeout=0,
+                         tags=["eps-screen", f"retry:{config.name}"])
+    console.print(f"submitted {SCREEN_DEPLOYMENT} run {run.name} ({run.id})" + (f": {ui_url(run.id)}" if ui_url(run.id) else ""))
+    if not watch:
+        return run.state
+    with get_client(sync_client=True) as client, StoreProgress(config, console, f"screen {config.name}"):
+        try:
+            while not (state := client.read_flow_run(run.id).state).is_final():
+                time.sleep(2)
+        except KeyboardInterrupt:
+            console.print(f"stopped watching; run {run.id} goes on")
+            return None
+    return state
+
+
+# --- retry and report ---------------------------------------------------------------------------------------------
+def mark_crashed(client, run, why: str) -> int:
+    """Set a dead screen run Crashed, and its task runs still 'Running' with it; returns the task runs changed."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Crashed
+
+    client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+    changed = 0
+    for t in _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))):
+        if t.state is not None and not t.state.is_final():
+            client.set_task_run_state(t.id, Crashed(message=why), force=True)
+            changed += 1
+    return changed
+
+
+def wait_for_cell_runs(client, name: str, console, limit_s: float) -> bool:
+    """Wait for cell flow runs of this screen still on a pool (they may finish cells); False if they outlast limit_s."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    tag = FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"]))
+    deadline = time.monotonic() + limit_s
+    active = [r for r in _page(client.read_flow_runs, flow_run_filter=tag) if not r.state.is_final()]
+    if not active:
+        return True
+    console.print(f"{len(active)} cell run(s) of the last screen run are still on a pool; waiting for them")
+    while active and time.monotonic() < deadline:
+        time.sleep(3)
+        active = [r for r in _page(client.read_flow_runs, flow_run_filter=tag) if not r.state.is_final()]
+    return not active
+
+
+def retry(store_root: str | Path, name: str, console, *, force: bool = False, submit: bool = False,
+          wait_s: float = 3600) -> int:
+    """Run the screen again, so that only its unfinished (failed, crashed, missing) cells are computed; then
+    re-aggregate. Refuses while an earlier run of it may still be alive, unless force."""
+    status = screen_status(store_root, name)
+    config = status.config
+    if api_url() and not status.prefect_note:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            for run in status.screen_runs:
+                if run.state.is_final():
+                    continue
+                alive = process_alive(run)
+                if alive is False or force:
+                    why = "its process is gone" if alive is False else "marked by `eps-screen retry --force`"
+                    n = mark_crashed(client, run, f"screen run abandoned: {why}")
+                    console.print(f"marked screen run {run.name} ({run.id}) Crashed: {why} ({n} task runs with it)")
+                else:
+                    where = "on this host" if alive else "(its process is not on this host)"
+                    console.print(f"[red]error[/]: screen run {run.name} ({run.id}) is {run.state.name} {where}; "
+                                  f"wait for it, cancel it, or pass --force if its process is gone")
+                    return 2
+            if not wait_for_cell_runs(client, name, console, wait_s):
+                console.print("[red]error[/]: cell runs still in flight; try again later")
+                return 2
+        status = screen_status(store_root, name)
+    todo = status.unfinished()
+    counts = Counter(c.state for c in todo)
+    known = len(status.cells)
+    console.print(f"screen {name}: {known - len(todo)} of {known} known cells finished; to compute: "
+                  + (", ".join(f"{n} {s}" for s, n in counts.most_common()) or "none")
+                  + ("" if status.multiseed_known else " (+ the multi-seed cells, once the slabs finish)"))
+    for c in todo:
+        if c.state in {"failed", "crashed", "cancelled", "interrupted"}:
+            console.print(f"  {c.cell_id}: {c.state} {c.message[:100]}")
+    state = submit_screen(config, console) if submit else run_screen_here(config, console)
+    if state is None:
+        return 0
+    console.print(f"screen run ended {state.name}" + (f": {state.message}" if state.message else ""))
+    reached_report = state.is_completed()
+    if not reached_report:
+        report(store_root, name, console)
+    after = store_status(config)
+    left = after.unfinished()
+    console.print(f"{len(after.cells) - len(left)} of {len(after.cells)} cells finished")
+    return 0 if state.is_completed() else (3 if state.name == "Killed" else 1)
+
+
+def report(store_root: str | Path, name: str, console) -> int:
+    """Re-aggregate one screen now, whatever its state (partial screens give a partial report)."""
+    from rich.table import Table
+
+    from flows.aggregate import aggregate
+
+    config = load_screen(store_root, name)
+    with console.status(f"aggregating {name} ({finished_count(config)} finished cells)"):
+        state = aggregate(config, return_state=True)
+    if not state.is_completed():
+        console.print(f"[red]error[/]: aggregate ended {state.name}: {state.message}")
+        return 1
+    result = state.result()
+    if result["report"] is None:
+        console.print(f"screen {name}: no finished cells yet, nothing to aggregate")
+        return 1
+    gates = Table(title=f"{name}: {result['cells']} cells" + (" (partial)" if result["partial"] else ""))
+    for col in ("gate", "fired", "reason"):
+        gates.add_column(col)
+    for g in sorted(ResultStore.for_config(config).gates(), key=lambda g: int(g["number"])):
+        gates.add_row(f"{g['number']} {g['name']}", "[red]yes[/]" if g["fired"] else "no", str(g.get("reason", "")))
+    console.print(gates)
+    console.print(result["report"])
+    return 0
