@@ -32,15 +32,22 @@ CONDITIONS = {
     "A0B1": (15, 1050),
     "A1B1": (1030, 1050),
 }
-# name -> (config.training updates, fields read with getattr until config.py has them)
+# name -> (config.training updates, fields read with getattr until config.py has them). Run 1 measured the first
+# six without the fused LoRA epilogue (fused_lora False); the "+fused" ones came after it.
+_OFF = {"liger": False, "fused_lora": False}
+_LIGER = {"liger": True, "fused_lora": False}
+_FUSED = {"liger": True, "fused_lora": True}
 VARIANTS = {
-    "padded": ({"packing": False, "gradient_checkpointing": False}, {"liger": False}),
-    "padfree": ({"packing": True, "gradient_checkpointing": False}, {"liger": False}),
-    "padded+liger": ({"packing": False, "gradient_checkpointing": False}, {"liger": True}),
-    "padfree+liger": ({"packing": True, "gradient_checkpointing": False}, {"liger": True}),
-    "padfree+liger+gc": ({"packing": True, "gradient_checkpointing": True}, {"liger": True}),
-    "padfree+liger+micro4": ({"packing": True, "gradient_checkpointing": False}, {"liger": True, "max_batch_tokens": 9000}),
-    "padfree+liger+gc+b16": ({"packing": True, "gradient_checkpointing": True, "batch_size": 16}, {"liger": True}),
+    "padded": ({"packing": False, "gradient_checkpointing": False}, _OFF),
+    "padfree": ({"packing": True, "gradient_checkpointing": False}, _OFF),
+    "padded+liger": ({"packing": False, "gradient_checkpointing": False}, _LIGER),
+    "padfree+liger": ({"packing": True, "gradient_checkpointing": False}, _LIGER),
+    "padfree+liger+gc": ({"packing": True, "gradient_checkpointing": True}, _LIGER),
+    "padfree+liger+micro4": ({"packing": True, "gradient_checkpointing": False}, {**_LIGER, "max_batch_tokens": 9000}),
+    "padfree+liger+gc+b16": ({"packing": True, "gradient_checkpointing": True, "batch_size": 16}, _LIGER),
+    "padfree+liger+fused": ({"packing": True, "gradient_checkpointing": False}, _FUSED),
+    "padfree+liger+fused+tok11k": ({"packing": True, "gradient_checkpointing": False}, {**_FUSED, "max_batch_tokens": 11000}),
+    "padfree+fused+compile": ({"packing": True, "gradient_checkpointing": False}, {"liger": False, "fused_lora": True, "compile": True}),
 }
 
 
@@ -100,6 +107,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per run (2 of them warm-up)")
     ap.add_argument("--budget-s", type=float, default=480, help="stop starting runs after this many seconds")
     ap.add_argument("--e0", action="store_true", help="also run the best variant with marker-only (E0) labels")
+    ap.add_argument("--runs", default=None, help="explicit plan: variant@condition[:E0],... (instead of the grid)")
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU: a dry run of the code paths")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--name", default=None, help="result file name (default gpu_train_h200.json, or _tiny)")
@@ -127,14 +135,17 @@ def main() -> None:
         payload["model"]["weights_gb"] = torch.cuda.memory_allocated() / 2**30
     print(f"model: {params / 1e9:.2f}B params, built in {payload['model']['build_s']:.1f}s", flush=True)
 
+    if args.runs:
+        plan = [tuple(r.split("@")) for r in args.runs.split(",")]
+    else:
+        plan = [(v, c) for v in args.variants.split(",") for c in args.conditions.split(",")]
+        if args.e0:
+            plan.append(("padfree+liger+fused", "A1B1:E0"))
     data = {}
-    for cond in args.conditions.split(","):
+    for cond in sorted({c.partition(":")[0] for _, c in plan}):
         steps = args.steps * (3 if cond == "A0B0" else 1)  # short steps: more of them for a stable figure
         data[cond] = make_examples(tok, cond, 16 * steps, seed=0)  # batch-16 variants take all, others half
 
-    plan = [(v, c) for v in args.variants.split(",") for c in args.conditions.split(",")]
-    if args.e0:
-        plan.append(("padfree+liger", "A1B1:E0"))
     for variant, cond in plan:
         if time.perf_counter() - started > args.budget_s:
             payload["errors"].append(f"{variant} {cond}: skipped, over the time budget")
@@ -143,6 +154,7 @@ def main() -> None:
         cname, _, mask = cond.partition(":")
         batch = training.get("batch_size", 8)
         examples = data[cname][: len(data[cname]) * batch // 16]
+        print(f"-- {variant} {cond}", flush=True)
         config = screen_config(training, extra, args.tiny)
         try:
             with tempfile.TemporaryDirectory() as tmp:

@@ -160,7 +160,33 @@ def _varlen_kernel():
     return varlen_attn, causal, "enable_gqa" in params
 
 
-def _varlen_call(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None):
+# Whether varlen_attn takes fewer KV heads than query heads as they are (the flash kernel supports GQA; some torch
+# versions check for equal head counts). Probed once on the GPU by use_varlen_attention, before any tracing.
+_GQA_NATIVE: bool = False
+
+
+def _probe_gqa() -> bool:
+    import torch
+
+    kernel = _varlen_kernel()
+    if kernel is None or not torch.cuda.is_available():
+        return False
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(48, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(48, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(48, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        cu = torch.tensor([0, 20, 48], device="cuda", dtype=torch.int32)
+        native = _varlen_call(q, k, v, cu, cu, 28, 28, None, gqa_native=True)
+        native.float().square().sum().backward()
+        ref = _varlen_reference(q.detach().float(), k.detach().float(), v.detach().float(), cu.cpu(), None)
+        ok = float((native.float() - ref).norm() / ref.norm()) < 2e-2 and k.grad is not None
+        return bool(ok and torch.isfinite(k.grad).all())
+    except Exception:  # noqa: BLE001 - any failure means: repeat the KV heads instead
+        return False
+
+
+def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, scale: float | None, gqa_native: bool | None = None):
     """Causal attention over packed sequences; q (T, H, D), k and v (T, Hkv, D)."""
     import torch
 
@@ -168,8 +194,10 @@ def _varlen_call(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | Non
     if kernel is None or not q.is_cuda:
         return _varlen_reference(q, k, v, cu_q, scale)
     varlen_attn, causal, takes_gqa = kernel
-    if k.shape[1] != q.shape[1] and not takes_gqa:
-        # Older varlen_attn checks for equal head counts: repeat the KV heads (costs their memory, not compute).
+    gqa = k.shape[1] != q.shape[1]
+    native = takes_gqa or (_GQA_NATIVE if gqa_native is None else gqa_native)
+    if gqa and not native:
+        # This torch's varlen_attn wants equal head counts: repeat the KV heads (costs their memory, not compute).
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
@@ -178,11 +206,14 @@ def _varlen_call(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | Non
         kwargs["window_size"] = (-1, 0)
     else:
         kwargs["is_causal"] = True
-    if takes_gqa and k.shape[1] != q.shape[1]:
+    if takes_gqa and gqa:
         kwargs["enable_gqa"] = True
-    cu_q = cu_q.to(device=q.device, dtype=torch.int32)
-    cu_k = cu_k.to(device=q.device, dtype=torch.int32)
-    return varlen_attn(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **kwargs)
+    if cu_q.dtype != torch.int32:
+        cu_q = cu_q.to(torch.int32)
+    if cu_k.dtype != torch.int32:
+        cu_k = cu_k.to(torch.int32)
+    # max_q / max_k stay as given (no int()): under torch.compile they are symbolic, and int() would specialise.
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
 def _varlen_reference(q, k, v, cu, scale: float | None):
@@ -241,8 +272,11 @@ def register_varlen_attention() -> str:
 def use_varlen_attention(model) -> str | None:
     """Switch a loaded sdpa model to the varlen attention; returns the implementation to restore afterwards
     (None when nothing changed: eager, flash_attention_2, or already switched)."""
+    global _GQA_NATIVE
     current = model.config._attn_implementation
     if current != "sdpa":
         return None
     model.set_attn_implementation(register_varlen_attention())
+    if not _GQA_NATIVE:
+        _GQA_NATIVE = _probe_gqa()
     return current

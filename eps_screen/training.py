@@ -144,6 +144,56 @@ def liger_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
+def _fused_lora_forward(self, x, *args, **kwargs):
+    """PEFT's LoRA Linear forward with the adapter's update added inside one GEMM epilogue:
+    addmm(base(x), A(x), B^T, alpha=scaling) instead of base(x) + B(A(x)) * scaling, which writes and re-reads
+    three activation-sized tensors (for gate/up projections, 18944 wide) per layer and step. Same function; any
+    case other than one plain active adapter goes to PEFT's own forward."""
+    import torch
+    import torch.nn.functional as F
+
+    names = self.active_adapters
+    if (
+        self.disable_adapters
+        or self.merged
+        or kwargs.get("adapter_names") is not None
+        or len(names) != 1
+        or names[0] in self.lora_variant
+        or names[0] not in self.lora_A
+    ):
+        return type(self).forward(self, x, *args, **kwargs)
+    name = names[0]
+    result = self.base_layer(x, *args, **kwargs)
+    a, b = self.lora_A[name].weight, self.lora_B[name].weight
+    if not torch.is_autocast_enabled(x.device.type):
+        if result.dtype != a.dtype:  # mixed dtypes without autocast: PEFT's casting rules apply
+            return type(self).forward(self, x, *args, **kwargs)
+        x = x.to(a.dtype)
+    h = F.linear(self.lora_dropout[name](x), a)
+    out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=self.scaling[name])
+    return out.view(result.shape)
+
+
+def _fuse_lora(model) -> int:
+    import types
+
+    from peft.tuners.lora.layer import Linear
+
+    n = 0
+    for module in model.modules():
+        if type(module) is Linear:
+            module.forward = types.MethodType(_fused_lora_forward, module)
+            n += 1
+    return n
+
+
+def _decoder_layers(model):
+    """The repeated decoder blocks (model.model.layers for Qwen2/Llama-style models), or None."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return layers if layers is not None and len(layers) else None
+
+
 def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
     """The levers train_lora uses, from the config (fields read with defaults until config.py has them)."""
     t = config.training
@@ -155,6 +205,9 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
         "liger": on_gpu and liger_available() if liger is None else bool(liger) and on_gpu,
         "gradient_checkpointing": bool(t.gradient_checkpointing),
         "max_batch_tokens": getattr(t, "max_batch_tokens", None),
+        "fused_lora": bool(getattr(t, "fused_lora", True)),
+        # torch.compile of each decoder block (regional: one compiled graph reused by all blocks), dynamic shapes.
+        "compile": bool(getattr(t, "compile", False)) and on_gpu,
     }
 
 
@@ -224,8 +277,17 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(seed)
     model = get_peft_model(base_model, lora)
+    if opts["fused_lora"]:
+        _fuse_lora(model)
+    layers = _decoder_layers(base_model) if opts["compile"] else None
     trainer = None
     try:
+        if layers is not None:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            for layer in layers:
+                layer.compile(dynamic=True)
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer, callbacks=[clock.callback]
         )
@@ -238,6 +300,8 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         steps = trainer.state.global_step
     finally:
         model.unload()  # strips the LoRA layers: base.model is the untouched base again
+        for layer in layers or []:
+            layer._compiled_call_impl = None  # the next cell's LoRA layers are other modules
         if own_forward is None:
             base_model.__dict__.pop("forward", None)
         else:

@@ -1,6 +1,8 @@
 """The eps-screen command line. Every command that runs a screen validates the config first.
 
 Commands that only read (validate, design, analyze-table) never import Prefect, so they answer in a second.
+The operations commands (deploy, status, retry, report, doctor) live in flows/deploy.py, flows/ops.py and
+flows/doctor.py; SCREEN is a screen's name in the result store (--store, default `results`).
 """
 
 from __future__ import annotations
@@ -51,14 +53,30 @@ def cmd_analyze_table(args) -> int:
     return code
 
 
+def _prefect_env() -> None:
+    """Before Prefect is imported: no telemetry, and time for a temporary server to start on a busy machine."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _console():
+    import shutil
+
+    from rich.console import Console
+
+    # Piped output (logs, CI) gets 120 columns instead of rich's 80, so the tables stay readable.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else max(120, shutil.get_terminal_size().columns))
+
+
 def cmd_run(args) -> int:
     config = _load(args.config)
     if args.store:
         config = config.model_copy(update={"store": args.store})
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    _prefect_env()
+    from flows.ops import record_owner  # records this process as the run's owner, so `retry` can tell it died
     from flows.screen import screen  # imports Prefect: only after the config is known to be good
 
-    state = screen(config, return_state=True)
+    state = screen.with_options(on_running=[record_owner])(config, return_state=True)
     if state.is_completed():
         result = state.result()
         if state.message:
@@ -67,6 +85,64 @@ def cmd_run(args) -> int:
         return 0
     print(f"screen '{config.name}' ended {state.name}: {state.message}", file=sys.stderr)
     return 3 if state.name == "Killed" else 1
+
+
+def cmd_deploy(args) -> int:
+    _prefect_env()
+    from flows.deploy import deploy, template_json
+
+    if args.print_template:
+        print(template_json(args.print_template))
+        return 0
+    return deploy(_console(), pools=args.pool, gpus=args.gpus, aggregate_cron=args.aggregate_cron,
+                  aggregate_store=args.aggregate_store)
+
+
+def _screen_command(fn):
+    """status/retry/report: a missing screen is one line on stderr, exit 2."""
+
+    def run(args) -> int:
+        _prefect_env()
+        try:
+            return fn(args)
+        except LookupError as err:
+            print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
+            return 2
+        except ConfigError as err:
+            print(f"error: the stored config of {args.screen!r} is no longer valid: {err.problems[0]}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+@_screen_command
+def cmd_status(args) -> int:
+    from flows.ops import render, screen_status
+
+    status = screen_status(args.store, args.screen, with_prefect=not args.store_only)
+    render(status, _console(), cells=args.cells)
+    return 0
+
+
+@_screen_command
+def cmd_retry(args) -> int:
+    from flows.ops import retry
+
+    return retry(args.store, args.screen, _console(), force=args.force, submit=args.submit, wait_s=args.wait)
+
+
+@_screen_command
+def cmd_report(args) -> int:
+    from flows.ops import report
+
+    return report(args.store, args.screen, _console())
+
+
+def cmd_doctor(args) -> int:
+    _prefect_env()
+    from flows.doctor import doctor
+
+    return doctor(args.config, _console())
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,6 +170,39 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--factors")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_analyze_table)
+
+    dp = sub.add_parser("deploy", help="create/update the work pools and apply deployments/prefect.yaml (idempotent)")
+    dp.add_argument("--pool", action="append", help="only this pool and its deployments (repeatable)")
+    dp.add_argument("--gpus", type=int, help="local-gpu concurrency limit (default: GPUs nvidia-smi lists)")
+    dp.add_argument("--aggregate-cron", help="schedule of the aggregate deployment (default hourly: '0 * * * *')")
+    dp.add_argument("--aggregate-store", help="store the aggregate deployment re-aggregates (default: results)")
+    dp.add_argument("--print-template", metavar="POOL",
+                    help="print a pool's base job template (for prefect work-pool create --base-job-template)")
+    dp.set_defaults(func=cmd_deploy)
+
+    for name, fn, text in (("status", cmd_status, "a screen per phase and per cell: the store and its Prefect runs"),
+                           ("retry", cmd_retry, "run a screen again: only unfinished (failed, crashed, missing) "
+                                                "cells are computed; then re-aggregate"),
+                           ("report", cmd_report, "re-aggregate a screen now (partial screens too)")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("screen", help="the screen's name (a directory of the store)")
+        sp.add_argument("--store", default="results", help="result store directory (default: results)")
+        sp.set_defaults(func=fn)
+        if name == "status":
+            sp.add_argument("--cells", choices=["unfinished", "all", "none"], default="unfinished",
+                            help="which cells to list (default: the unfinished ones)")
+            sp.add_argument("--store-only", action="store_true", help="do not ask Prefect")
+        if name == "retry":
+            sp.add_argument("--force", action="store_true",
+                            help="mark an earlier screen run that still looks alive Crashed (its process is gone)")
+            sp.add_argument("--submit", action="store_true",
+                            help="run it as a run of the `screen` deployment (cpu pool) instead of in this process")
+            sp.add_argument("--wait", type=float, default=3600,
+                            help="seconds to wait for cell runs of the last screen run still in flight")
+
+    dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
+    dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG))
+    dr.set_defaults(func=cmd_doctor)
     return p
 
 

@@ -239,6 +239,8 @@ def screen_status(store_root: str | Path, name: str, with_prefect: bool = True) 
 _STYLE = {"finished": "green", "running": "cyan", "queued": "blue", "failed": "red", "crashed": "red",
           "cancelled": "yellow", "interrupted": "magenta", "missing": "dim"}
 _ORDER = ["finished", "running", "queued", "failed", "crashed", "cancelled", "interrupted", "missing"]
+_SHORT = {"finished": "done", "running": "run", "queued": "queue", "failed": "fail", "crashed": "crash",
+          "cancelled": "cancel", "interrupted": "intr", "missing": "todo"}
 
 
 def _rate(x: float | None) -> str:
@@ -246,6 +248,7 @@ def _rate(x: float | None) -> str:
 
 
 def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     cfg = status.config
@@ -257,22 +260,22 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
         if run.state.is_final():
             where = "ended"
         url = ui_url(run.id)
-        console.print(f"latest screen run {run.name} ({run.id}): {run.state.name} {run.state.message or ''}"
-                      f" [{where}]" + (f"\n  {url}" if url else ""))
+        console.print(escape(f"latest screen run {run.name} ({run.id}): {run.state.name} {run.state.message or ''}"
+                             f" [{where}]") + (f"\n  {url}" if url else ""))
     if status.prefect_note:
         console.print(f"[yellow]{status.prefect_note}[/]")
     report = status.dir / "report" / "clean_result.html"
     if report.exists():
         console.print(f"report {report} ({time.strftime('%Y-%m-%d %H:%M', time.localtime(report.stat().st_mtime))})")
 
-    table = Table(title="phases")
+    table = Table(title="phases (intr = interrupted: its screen run is gone; todo = not run yet)")
     table.add_column("phase")
     table.add_column("cells", justify="right")
     for state in _ORDER:
-        table.add_column(state, justify="right", style=_STYLE[state])
+        table.add_column(_SHORT[state], justify="right", style=_STYLE[state])
     for row, ids in status.phases.items():
         counts = status.counts(ids)
-        label = row if ids or row != "multiseed" else "multiseed (picked once the slabs finish)"
+        label = row if ids or row != "multiseed" else "multiseed (after the slabs)"
         table.add_row(label, str(len(ids)), *[str(counts.get(s, "")) for s in _ORDER])
     total = status.counts(list(status.cells))
     table.add_row("[bold]all distinct[/]", str(len(status.cells)), *[str(total.get(s, "")) for s in _ORDER])
@@ -293,7 +296,7 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
             t.add_column(col)
         for c in shown:
             t.add_row(c.cell_id, ", ".join(c.phases), f"[{_STYLE[c.state]}]{c.state}[/]", _rate(c.source_rate),
-                      _rate(c.leakage), str(c.runs or ""), c.message[:80])
+                      _rate(c.leakage), str(c.runs or ""), escape(c.message[:80]))
         console.print(t)
     elif cells == "unfinished":
         console.print("every known cell is finished")

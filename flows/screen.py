@@ -39,12 +39,31 @@ class Progress:
         update_progress_artifact(self.id, progress=100.0 * len(self.done) / self.total)
 
 
+class Stopped(Exception):
+    """A GPU pool's dispatch ended early (spend cap, or cells that failed after every resubmission)."""
+
+    def __init__(self, state):
+        self.state = state
+
+
 def run_cells(config: ScreenConfig, cells: list[Cell], progress: Progress) -> dict[str, dict]:
     if config.execution.pool != "inprocess":
-        from tasks.dispatch import dispatch_cells
+        from tasks.dispatch import CostOverrun, DispatchStopped, dispatch_cells
 
         budget = make_plan(config).estimate.get("cost_usd")
-        results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget)
+        try:
+            results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget)
+        except CostOverrun as stop:
+            progress.advance(list(stop.summaries))
+            outcome = gates.GateOutcome(
+                name=gates.GATE_NAMES[5], number=5, fired=True, reason=str(stop),
+                numbers={"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)},
+            )
+            raise Stopped(killed(ResultStore.for_config(config), outcome)) from None
+        except DispatchStopped as stop:
+            progress.advance(list(stop.summaries))
+            failed = "; ".join(f"{c}: {m}" for c, m in list(getattr(stop, "failed", {}).items())[:5])
+            raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
         progress.advance(list(results))
         return results
     results = {}
@@ -63,6 +82,13 @@ def killed(store: ResultStore, outcome: gates.GateOutcome):
 
 @flow(name="screen")
 def screen(config: ScreenConfig) -> dict:
+    try:
+        return _phases(config)
+    except Stopped as stop:
+        return stop.state
+
+
+def _phases(config: ScreenConfig):
     logger = get_run_logger()
     store = ResultStore.for_config(config)
     store.check_writable()

@@ -1,0 +1,221 @@
+"""`eps-screen doctor [CONFIG]`: preflight checks before anything is rented, one line each.
+
+Checks, in order: the config is valid; the result store is writable (and reachable by the pool's cells); the
+Prefect API answers; the pool exists with a worker online; the cell deployment exists; the pool has the
+credentials it needs. A check that cannot run because an earlier one failed is reported as skipped. Exit 1 if
+any check failed; no traceback ever reaches the terminal (each check's exception becomes its line).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from urllib.parse import urlparse
+
+from eps_screen.config import ConfigError, ScreenConfig, load_config
+from eps_screen.store import ResultStore
+
+POOL_TYPES = {"local-gpu": "process", "runpod-gpu": "runpod"}
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
+
+
+class Skip(Exception):
+    """A check that cannot run (an earlier check failed, or it does not apply)."""
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None = skipped
+    detail: str
+
+    def line(self) -> str:
+        mark = {True: "[green]ok  [/]", False: "[red]FAIL[/]", None: "[dim]skip[/]"}[self.ok]
+        return f"{mark} {self.name}: {self.detail}"
+
+
+class Doctor:
+    def __init__(self, config_path: str):
+        self.config_path = config_path
+        self.config: ScreenConfig | None = None
+        self.api_ok = False
+        self.pool = None  # the WorkPool read from the API
+        self.deployment = None
+
+    # each check returns its detail line, raises Skip, or raises anything else (= failure)
+    def check_config(self) -> str:
+        try:
+            self.config = load_config(self.config_path)
+        except ConfigError as err:
+            more = f" (+{len(err.problems) - 1} more: eps-screen validate {self.config_path})" if len(err.problems) > 1 else ""
+            raise ValueError(f"{err.problems[0]}{more}") from None
+        return f"{self.config_path} is valid (screen {self.config.name!r}, pool {self.config.execution.pool})"
+
+    def check_store(self) -> str:
+        cfg = self._need_config()
+        store = ResultStore.for_config(cfg)
+        # Probe the nearest directory that exists, so that a check creates nothing.
+        probe_dir = next(p for p in (store.dir, *store.dir.parents) if p.exists())
+        try:
+            if not probe_dir.is_dir():
+                raise NotADirectoryError(20, "a file is in the way", str(probe_dir))
+            with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".eps-doctor-"):
+                pass
+        except OSError as err:
+            raise OSError(f"{store.dir} is not writable ({err.strerror or type(err).__name__} at {probe_dir})") from None
+        if cfg.execution.pool == "runpod-gpu":
+            raise ValueError(f"{store.dir} is a local directory: RunPod pods write their cells to their own disk, "
+                             "so this screen would never see them; it needs a store both can reach")
+        return f"{store.dir} is writable"
+
+    def check_api(self) -> str:
+        from flows.ops import api_problem, api_url
+
+        cfg = self._need_config()
+        needed = cfg.execution.pool != "inprocess"
+        problem = api_problem(required=needed)
+        if problem:
+            raise ConnectionError(problem + ("" if needed else " (unset it to use a temporary server)"))
+        self.api_ok = bool(api_url())
+        return f"{api_url()} answers" if api_url() else "not set: `eps-screen run` starts a temporary server"
+
+    def check_pool(self) -> str:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        cfg = self._need_pool()
+        with get_client(sync_client=True) as client:
+            try:
+                self.pool = client.read_work_pool(cfg.execution.pool)
+            except ObjectNotFound:
+                raise LookupError(f"work pool {cfg.execution.pool!r} does not exist: run `eps-screen deploy`") from None
+        want = POOL_TYPES[cfg.execution.pool]
+        if self.pool.type != want:
+            raise ValueError(f"work pool {self.pool.name!r} has type {self.pool.type!r}, expected {want!r}")
+        if self.pool.is_paused:
+            raise ValueError(f"work pool {self.pool.name!r} is paused: prefect work-pool resume {self.pool.name}")
+        return f"{self.pool.name!r} (type {self.pool.type}, concurrency limit {self.pool.concurrency_limit})"
+
+    def check_workers(self) -> str:
+        from prefect.client.orchestration import get_client
+
+        if self.pool is None:
+            raise Skip("no pool")
+        with get_client(sync_client=True) as client:
+            workers = client.read_workers_for_work_pool(self.pool.name)
+        now = datetime.now(timezone.utc)
+        online = [w for w in workers if w.status.value == "ONLINE" or (
+            w.last_heartbeat_time and now - w.last_heartbeat_time < timedelta(seconds=3 * (w.heartbeat_interval_seconds or 30)))]
+        if not online:
+            start = "prefect worker start --pool " + self.pool.name + (" --type runpod" if self.pool.type == "runpod" else "")
+            raise LookupError(f"no worker online for pool {self.pool.name!r}: start one ({start}; docs/walkthroughs.md)")
+        return f"{len(online)} online: {', '.join(sorted(w.name for w in online))}"
+
+    def check_deployment(self) -> str:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        from flows.screen import DEPLOYMENTS
+
+        cfg = self._need_pool()
+        name = DEPLOYMENTS[cfg.execution.pool]
+        with get_client(sync_client=True) as client:
+            try:
+                self.deployment = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                raise LookupError(f"deployment {name!r} does not exist: run `eps-screen deploy`") from None
+        if self.deployment.work_pool_name != cfg.execution.pool:
+            raise ValueError(f"deployment {name!r} is on pool {self.deployment.work_pool_name!r}, not {cfg.execution.pool!r}")
+        return f"{name} on pool {self.deployment.work_pool_name}"
+
+    def check_credentials(self) -> str:
+        cfg = self._need_config()
+        if cfg.execution.pool != "runpod-gpu":
+            return f"pool {cfg.execution.pool} needs none"
+        if self.pool is None:
+            raise Skip("no pool")
+        values = job_values(self.pool, self.deployment)
+        problems, usable = [], []
+        for account in values.get("accounts") or []:
+            label, why = account_key(account)
+            (usable if why is None else problems).append(f"{label}{'' if why is None else ': ' + why}")
+        if not usable:
+            raise LookupError("no RunPod account with a key: " + ("; ".join(problems) or "accounts is empty"))
+        if not values.get("image"):
+            raise ValueError("no image set for the pods: set `image` in the runpod-gpu pool (UI form or deployments/pools/runpod-gpu.yaml)")
+        api = values.get("prefect_api_url") or (os.environ.get("PREFECT_API_URL") or "")
+        if urlparse(api).hostname in LOCAL_HOSTS:
+            raise ValueError(f"pods cannot reach the Prefect API at {api}: set `prefect_api_url` in the pool to an "
+                             "address they can reach")
+        return f"RunPod key for {', '.join(usable)}; image {values['image']}"
+
+    # --- helpers ---
+    def _need_config(self) -> ScreenConfig:
+        if self.config is None:
+            raise Skip("no valid config")
+        return self.config
+
+    def _need_pool(self) -> ScreenConfig:
+        cfg = self._need_config()
+        if cfg.execution.pool == "inprocess":
+            raise Skip("cells run in-process (execution.pool = inprocess)")
+        if not self.api_ok:
+            raise Skip("no Prefect API")
+        return cfg
+
+    def checks(self) -> list[tuple[str, Callable[[], str]]]:
+        return [("config", self.check_config), ("store", self.check_store), ("prefect api", self.check_api),
+                ("work pool", self.check_pool), ("workers", self.check_workers),
+                ("cell deployment", self.check_deployment), ("credentials", self.check_credentials)]
+
+    def run(self) -> list[Check]:
+        results = []
+        for name, fn in self.checks():
+            try:
+                results.append(Check(name, True, fn()))
+            except Skip as skip:
+                results.append(Check(name, None, str(skip)))
+            except Exception as exc:  # noqa: BLE001 - every failure is one line, never a traceback
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                results.append(Check(name, False, detail))
+        return results
+
+
+def job_values(pool, deployment) -> dict:
+    """The job variables a cell run gets: the pool's defaults, then the deployment's job_variables."""
+    props = pool.base_job_template.get("variables", {}).get("properties", {})
+    values = {k: v["default"] for k, v in props.items() if "default" in v}
+    values.update((deployment.job_variables or {}) if deployment is not None else {})
+    return values
+
+
+def account_key(account: dict) -> tuple[str, str | None]:
+    """(label, None) when the account's key can be found from here, else (label, why not). Never the key itself."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    label = account.get("name", "?")
+    if account.get("api_key_secret_block"):
+        block = account["api_key_secret_block"]
+        with get_client(sync_client=True) as client:
+            try:
+                client.read_block_document_by_name(block, "secret")
+            except ObjectNotFound:
+                return label, f"Secret block {block!r} does not exist (prefect block create secret)"
+        return label, None
+    env = account.get("api_key_env") or ""
+    if os.environ.get(env):
+        return label, None
+    return label, f"environment variable {env} is not set here (the worker's environment needs it)"
+
+
+def doctor(config_path: str, console) -> int:
+    results = Doctor(config_path).run()
+    for check in results:
+        console.print(check.line(), highlight=False, soft_wrap=True)
+    failed = [c for c in results if c.ok is False]
+    console.print(f"{len(failed)} check(s) failed" if failed else "all checks passed", highlight=False)
+    return 1 if failed else 0

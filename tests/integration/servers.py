@@ -1,0 +1,118 @@
+"""Processes the operations tests start and always stop: a Prefect server with extra settings, workers, PostgreSQL.
+
+Built on the helpers of tests/integration/conftest.py (free_port, quiet_env, stop); `conftest.prefect_server`
+stays the plain per-module server. Every process gets its own session (process group) and is stopped in a
+`finally`, so a failing test leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from tests.integration.conftest import PREFECT, ROOT, free_port, quiet_env, stop
+
+EPS_SCREEN = str(Path(PREFECT).parent / "eps-screen")
+
+
+@contextmanager
+def prefect_server(home: Path, **env: str) -> Iterator[tuple[str, Path]]:
+    """`prefect server start` on 127.0.0.1 with extra settings; yields (api url, log path)."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    log_path = home / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=quiet_env(home, PREFECT_UI_API_URL=url, **env), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if requests.get(f"{url}/health", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"prefect server did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+        yield url, log_path
+    finally:
+        stop(proc)
+        log.close()
+
+
+def client_env(home: Path, api: str, **extra: str) -> dict[str, str]:
+    """The environment of a CLI or worker process talking to `api`."""
+    return quiet_env(home, PREFECT_API_URL=api, PREFECT_UI_URL=api.removesuffix("/api"), **extra)
+
+
+@contextmanager
+def worker(pool: str, env: dict[str, str], log_path: Path, *args: str) -> Iterator[subprocess.Popen]:
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, *args], env=env, cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            stop(proc)
+
+
+def server_errors(log_path: Path) -> list[str]:
+    """Lines of a server log that show SQLite contention or overload."""
+    text = log_path.read_text(errors="replace")
+    return [line for line in text.splitlines() if "database is locked" in line or " 503 " in line]
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------------------------
+def postgres_bin() -> Path | None:
+    """The directory of initdb/pg_ctl: on PATH, or Debian's /usr/lib/postgresql/<version>/bin."""
+    found = shutil.which("initdb")
+    if found and shutil.which("pg_ctl"):
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return versions[-1].parent if versions else None
+
+
+@contextmanager
+def postgres_cluster() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (trust auth, database `prefect`); yields its asyncpg URL.
+
+    initdb refuses to run as root: as root the cluster belongs to the `postgres` system user (runuser).
+    """
+    bindir = postgres_bin()
+    assert bindir is not None
+    root = Path(tempfile.mkdtemp(prefix="eps-pg-"))
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        shutil.chown(sock, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+
+    def run(*cmd: str) -> None:
+        out = subprocess.run([*as_user, *cmd], capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {out.stdout[-1500:]}{out.stderr[-1500:]}")
+
+    run(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+    try:
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "pg.log"), "-w", "-t", "60", "start")
+        run(str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "prefect")
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect"
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
