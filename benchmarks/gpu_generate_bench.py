@@ -29,9 +29,9 @@ VARIANTS = [
     ("generate", "A0", 256, "plain"),
     ("generate", "A1", 256, "plain"),
     ("generate+lora", "A0", 256, "lora"),
+    ("static-cache+compile", "A0", 256, "static"),
     ("generate", "A0", 512, "plain"),
     ("continuous-batching", "A0", 256, "cb"),
-    ("static-cache+compile", "A0", 256, "static"),
 ]
 
 

@@ -186,6 +186,9 @@ def main() -> None:
             "options": rep.options,
             "final_loss": rep.final_loss,
         }
+        import eps_screen.models as models
+
+        run["gqa_native"] = models._GQA_NATIVE  # False: KV heads repeated for this torch's varlen_attn
         payload["runs"].append(run)
         write(result_path, payload)
         print(

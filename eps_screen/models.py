@@ -186,11 +186,14 @@ def _probe_gqa() -> bool:
         return False
 
 
+_KERNEL: tuple | None = None  # _varlen_kernel(), resolved once outside any torch.compile trace
+
+
 def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, scale: float | None, gqa_native: bool | None = None):
     """Causal attention over packed sequences; q (T, H, D), k and v (T, Hkv, D)."""
     import torch
 
-    kernel = _varlen_kernel()
+    kernel = _KERNEL if _KERNEL is not None else _varlen_kernel()
     if kernel is None or not q.is_cuda:
         return _varlen_reference(q, k, v, cu_q, scale)
     varlen_attn, causal, takes_gqa = kernel
@@ -272,11 +275,12 @@ def register_varlen_attention() -> str:
 def use_varlen_attention(model) -> str | None:
     """Switch a loaded sdpa model to the varlen attention; returns the implementation to restore afterwards
     (None when nothing changed: eager, flash_attention_2, or already switched)."""
-    global _GQA_NATIVE
+    global _GQA_NATIVE, _KERNEL
     current = model.config._attn_implementation
     if current != "sdpa":
         return None
     model.set_attn_implementation(register_varlen_attention())
+    _KERNEL = _varlen_kernel()
     if not _GQA_NATIVE:
         _GQA_NATIVE = _probe_gqa()
     return current

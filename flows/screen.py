@@ -7,7 +7,11 @@ spend cap). Either way every finished cell is in the store, so running the scree
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from prefect import flow, get_run_logger
+from prefect.futures import as_completed
+from prefect.task_runners import ProcessPoolTaskRunner
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.states import Completed, Failed
 
@@ -46,33 +50,63 @@ class Stopped(Exception):
         self.state = state
 
 
-def run_cells(config: ScreenConfig, cells: list[Cell], progress: Progress) -> dict[str, dict]:
-    if config.execution.pool != "inprocess":
-        from tasks.dispatch import CostOverrun, DispatchStopped, dispatch_cells
+def run_cells(config: ScreenConfig, cells: list[Cell], progress: Progress, pool=None) -> dict[str, dict]:
+    if config.execution.pool == "inprocess":
+        return _run_here(config, cells, progress, pool)
+    return _dispatch(config, cells, progress)
 
-        budget = make_plan(config).estimate.get("cost_usd")
-        try:
-            results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget)
-        except CostOverrun as stop:
-            progress.advance(list(stop.summaries))
-            outcome = gates.GateOutcome(
-                name=gates.GATE_NAMES[5], number=5, fired=True, reason=str(stop),
-                numbers={"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)},
-            )
-            raise Stopped(killed(ResultStore.for_config(config), outcome)) from None
-        except DispatchStopped as stop:
-            progress.advance(list(stop.summaries))
-            failed = "; ".join(f"{c}: {m}" for c, m in list(getattr(stop, "failed", {}).items())[:5])
-            raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
-        progress.advance(list(results))
-        return results
+
+def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> dict[str, dict]:
+    """Each cell a run of the `cell` deployment on the config's GPU pool."""
+    from tasks.dispatch import CostOverrun, DispatchStopped, dispatch_cells
+
+    budget = make_plan(config).estimate.get("cost_usd")
+    try:
+        results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget)
+    except CostOverrun as stop:
+        progress.advance(list(stop.summaries))
+        outcome = gates.GateOutcome(
+            name=gates.GATE_NAMES[5], number=5, fired=True, reason=str(stop),
+            numbers={"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)},
+        )
+        raise Stopped(killed(ResultStore.for_config(config), outcome)) from None
+    except DispatchStopped as stop:
+        progress.advance(list(stop.summaries))
+        failed = "; ".join(f"{c}: {m}" for c, m in list(getattr(stop, "failed", {}).items())[:5])
+        raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
+    progress.advance(list(results))
+    return results
+
+
+def _run_here(config: ScreenConfig, cells: list[Cell], progress: Progress, pool) -> dict[str, dict]:
+    """Answers first (once per regime, here), then the cells: here, or on the worker processes of `pool`."""
     results = {}
     for regime in design.regimes(cells) if not config.simulated else []:
         regime_task(config, regime)
+    store = ResultStore.for_config(config)
+    # Finished cells return from the store at once; worker processes (slow to start) only for the others.
+    parallel = [] if pool is None else [c for c in cells if not store.is_finished(config, c)]
     for cell in cells:
-        results[cell.id] = cell_task(config, cell.id)
-        progress.advance([cell.id])
-    return results
+        if cell not in parallel:
+            results[cell.id] = cell_task(config, cell.id)
+            progress.advance([cell.id])
+    futures = {pool.submit(cell_task, {"config": config, "cell_id": c.id}): c.id for c in parallel}
+    for future in as_completed(futures):
+        results[futures[future]] = future.result()
+        progress.advance([futures[future]])
+    return {c.id: results[c.id] for c in cells}
+
+
+@contextmanager
+def cell_processes(config: ScreenConfig):
+    """In-process cells on several CPU cores: worker processes that each keep their own loaded base model
+    (one process trains one LoRA at a time on its copy; threads would share, and corrupt, one base)."""
+    n = config.execution.max_parallel_cells
+    if config.execution.pool != "inprocess" or n == 1 or config.simulated:
+        yield None
+        return
+    with ProcessPoolTaskRunner(max_workers=n) as pool:
+        yield pool
 
 
 def killed(store: ResultStore, outcome: gates.GateOutcome):
@@ -83,12 +117,13 @@ def killed(store: ResultStore, outcome: gates.GateOutcome):
 @flow(name="screen")
 def screen(config: ScreenConfig) -> dict:
     try:
-        return _phases(config)
+        with cell_processes(config) as pool:
+            return _phases(config, pool)
     except Stopped as stop:
         return stop.state
 
 
-def _phases(config: ScreenConfig):
+def _phases(config: ScreenConfig, pool):
     logger = get_run_logger()
     store = ResultStore.for_config(config)
     store.check_writable()
@@ -103,7 +138,7 @@ def _phases(config: ScreenConfig):
         return killed(store, contamination)
 
     # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
-    smoke = run_cells(config, design.smoke_cells(config), progress)
+    smoke = run_cells(config, design.smoke_cells(config), progress, pool)
     verdict = gates.smoke([m["source_rate"] for m in smoke.values()], config.gates.smoke_floor, config.gates.smoke_ceiling)
     store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
     store.save_gate(verdict.model_dump(mode="json"))
@@ -112,12 +147,12 @@ def _phases(config: ScreenConfig):
 
     # Phase 2: all 32 cells of every source at the primary seed (the smoke cells are found finished).
     for source in config.sources:
-        slab = run_cells(config, design.slab_cells(config, source), progress)
+        slab = run_cells(config, design.slab_cells(config, source), progress, pool)
         store.save_phase(f"slab-{source}", {"source": source, "cells": slab})
 
     # Phase 3: the top cells of each source again at the extra seeds.
     multiseed = multiseed_pick(config, store) or []
-    store.save_phase("multiseed", {"cells": run_cells(config, multiseed, progress)})
+    store.save_phase("multiseed", {"cells": run_cells(config, multiseed, progress, pool)})
 
     # Phase 4: statistics, the later gates, figures and the clean-result page.
     result = aggregate(config)

@@ -22,15 +22,29 @@ def _mtimes(store_dir: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in store_dir.rglob("*") if p.is_file() and "report" not in p.parts}
 
 
+GENERATE_CALLS: list[tuple[int, str | None]] = []
+
+
 @pytest.fixture(scope="module")
 def tiny_screen(tmp_path_factory):
+    """The whole tiny screen, once. Training-answer generation and the pre-screen run in this process (cells
+    run in worker processes), so wrapping the generator here counts every generation of training answers."""
+    from eps_screen.generation.transformers_backend import TransformersGenerator
     from flows.screen import screen
+
+    original = TransformersGenerator.generate
+
+    def counting(self, prompts, params, adapter=None):
+        GENERATE_CALLS.append((len(prompts), adapter))
+        return original(self, prompts, params, adapter)
 
     store = tmp_path_factory.mktemp("store")
     config = tiny_config(store)
-    started = time.perf_counter()
-    state = screen(config, return_state=True)
-    elapsed = time.perf_counter() - started
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TransformersGenerator, "generate", counting)
+        started = time.perf_counter()
+        state = screen(config, return_state=True)
+        elapsed = time.perf_counter() - started
     return config, state, store / config.name, elapsed
 
 
@@ -52,6 +66,19 @@ def test_all_phases_run_and_the_report_shows_every_cell(tiny_screen):
     for cell in all_slab_cells(config)[:5]:
         assert cell.id in html  # per-cell source rate and leakage are in the page
     print(f"tiny screen wall time: {elapsed:.0f} s")
+
+
+def test_training_answers_are_generated_once_per_regime(tiny_screen):
+    """8 on-policy generations per source for the 32 slab cells (not 32), each shared by both E levels."""
+    config, _, screen_dir, _ = tiny_screen
+    cells = [Cell.parse(p.parent.name) for p in screen_dir.glob("cells/*/*")]
+    regimes = {c.regime for c in cells}
+    on_policy_primary = {r for r in regimes if not r.off_policy and r.seed == config.seeds.primary}
+    assert len(on_policy_primary) == 8 * len(config.sources)
+    # The generate calls of this process: one per regime (training answers) + 8 pre-screen conditions.
+    assert len(GENERATE_CALLS) == len(regimes) + 8
+    assert all(adapter is None for _, adapter in GENERATE_CALLS)
+    assert len(list(screen_dir.glob("regimes/*/*/meta.json"))) == len(regimes)
 
 
 def test_numbers_come_from_trained_adapters(tiny_screen):
