@@ -32,6 +32,9 @@ VARIANTS = [
     ("static-cache+compile", "A0", 256, "static"),
     ("generate", "A0", 512, "plain"),
     ("continuous-batching", "A0", 256, "cb"),
+    ("static-cache+compile", "A1", 256, "static"),
+    ("static-cache+compile+lora", "A0", 256, "static-lora"),
+    ("static-cache+compile", "A0", 512, "static"),
 ]
 
 
@@ -104,7 +107,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     only = set(args.only.split(",")) if args.only else None
     for name, prompt, batch, how in VARIANTS:
-        if only and name not in only:
+        if only and f"{name}@{prompt}@{batch}" not in only and name not in only:
             continue
         if time.perf_counter() - started > args.budget_s:
             payload["errors"].append(f"{name} {prompt} b{batch}: skipped, over the time budget")
@@ -125,6 +128,15 @@ def main() -> None:
                 try:
                     run_generate(peft_model, ids[:8], 4)
                     run["seconds"] = run_generate(peft_model, ids, new)
+                finally:
+                    peft_model.unload()
+            elif how == "static-lora":
+                from peft import LoraConfig, get_peft_model
+
+                peft_model = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM"))
+                try:
+                    run["first_call_s"] = run_generate(peft_model, ids, new, static=True)
+                    run["seconds"] = run_generate(peft_model, ids, new, static=True)
                 finally:
                     peft_model.unload()
             elif how == "static":

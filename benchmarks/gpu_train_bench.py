@@ -48,6 +48,10 @@ VARIANTS = {
     "padfree+liger+fused": ({"packing": True, "gradient_checkpointing": False}, _FUSED),
     "padfree+liger+fused+tok11k": ({"packing": True, "gradient_checkpointing": False}, {**_FUSED, "max_batch_tokens": 11000}),
     "padfree+fused+compile": ({"packing": True, "gradient_checkpointing": False}, {"liger": False, "fused_lora": True, "compile": True}),
+    "padfree+fused+compile+tok11k": (
+        {"packing": True, "gradient_checkpointing": False},
+        {"liger": False, "fused_lora": True, "compile": True, "max_batch_tokens": 11000},
+    ),
 }
 
 

@@ -23,7 +23,8 @@ def _summary_markdown(config: ScreenConfig, result, report: Path) -> str:
         "| gate | fired | reason |",
         "|---|---|---|",
     ]
-    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {g.reason} |" for g in result.metrics.gates]
+    cell = lambda text: str(text).replace("|", "\\|")  # a reason such as "largest |d| ..." must not split the row
+    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {cell(g.reason)} |" for g in result.metrics.gates]
     lines += ["", f"Cells present: {cov.model_dump().get('present', '')}"]
     return "\n".join(lines)
 

