@@ -46,6 +46,31 @@ def make_adapters(base, config, n: int, root: Path) -> list[str]:
     return out
 
 
+def train_cells(config, base, cells) -> dict:
+    """One train_lora per cell on synthetic answers of the cell's prompt condition (the estimate's CPU figure)."""
+    from eps_screen import data
+    from eps_screen.panels import load_panels
+    from eps_screen.training import train_lora
+
+    panels = load_panels()
+    out = {}
+    for cell in cells:
+        regime = cell.regime
+        reqs = data.regime_requests(config, regime)
+        words = panels.long_system_prompt.split()
+        n_words = 30 if regime.B else 12
+        answers = [{"persona": r.persona, "question": r.question, "sample": k, "positive": r.positive,
+                    "answer": " ".join(words[(i * 7) % 200 : (i * 7) % 200 + n_words])}
+                   for i, r in enumerate(reqs) for k in range(r.samples)]
+        examples = data.training_set(config, cell, answers)
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            rep = train_lora(base, examples, config, cell.whole_answer_loss, cell.seed, Path(tmp))
+            out[cell.id] = {"seconds": time.perf_counter() - t, "tokens": rep.tokens, "epochs": config.training.epochs,
+                            "steps": rep.steps, "tokens_per_s": rep.tokens_per_s, "steady_tokens_per_s": rep.steady_tokens_per_s}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "deployments/configs/tiny.yaml"))
@@ -99,17 +124,25 @@ def main() -> None:
         vllm_greedy = engine.generate_many(jobs[: args.check], greedy)
         engine.close()
 
-    tokens = {"transformers": sum(len(s.split()) for c in hf_out for p in c for s in p),
-              "vllm": sum(len(s.split()) for c in vllm_out for p in c for s in p)}
-    result["words_generated"] = tokens
+    def count(outs):
+        return sum(len(base.tokenizer(s, add_special_tokens=False)["input_ids"]) for c in outs for p in c for s in p)
+
+    result["tokens_generated"] = {"transformers": count(hf_out), "vllm": count(vllm_out)}
+    result["tokens_per_s"] = {"transformers": result["tokens_generated"]["transformers"] / result["transformers_s"],
+                              "vllm": result["tokens_generated"]["vllm"] / result["vllm_s"]}
     result["greedy_identical_cells"] = sum(a == b for a, b in zip(hf_greedy, vllm_greedy, strict=True))
     result["greedy_checked_cells"] = len(hf_greedy)
+    result["train_lora"] = train_cells(config, base, cells[:1] + cells[-1:])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print(f"{len(cells)} cells, {answers} answers of <= {params.max_new_tokens} tokens, {result['threads']} threads")
-    print(f"transformers: {result['transformers_s']:7.1f} s  (one generate() per cell, base loaded once)")
+    tps = result["tokens_per_s"]
+    print(f"transformers: {result['transformers_s']:7.1f} s  (one generate() per cell, base loaded once;"
+          f" {tps['transformers']:.0f} tokens/s)")
     print(f"vLLM:         {result['vllm_s']:7.1f} s  (engine start {result['vllm_engine_start_s']:.1f} s"
-          f" + slab in one call {result['vllm_generate_s']:.1f} s)")
+          f" + slab in one call {result['vllm_generate_s']:.1f} s; {tps['vllm']:.0f} tokens/s)")
+    for cid, r in result["train_lora"].items():
+        print(f"train_lora {cid}: {r['seconds']:.1f} s, {r['tokens_per_s']:.0f} tokens/s ({r['steps']} steps)")
     print(f"greedy answers identical on {result['greedy_identical_cells']}/{result['greedy_checked_cells']} cells")
     print(f"wrote {args.out}")
 

@@ -7,11 +7,13 @@ E0 (marker only):  positives: loss on the tokens overlapping the marker (and the
 Labels are built from character offsets of the rendered chat, so a multi-token marker, or a BPE merge of
 the space with the marker's first character, is masked by what the tokens cover, not by guesswork.
 
-Speed (GPU): bf16 autocast; TRL's fused LM head scores only labelled positions (no full logits); optional
-padding-free batches (training.packing) through a varlen flash-attention kernel (eps_screen.models); Liger's
-fused RMSNorm/SwiGLU/RoPE kernels where liger-kernel is installed; gradient checkpointing as an option; the
-recipe's batch cut into micro-batches that fit a token budget (same examples per optimizer step, so the same
-science). Measured levers and figures: BENCHMARKS.md, section GPU.
+Speed (GPU), measured in BENCHMARKS.md (section GPU): bf16 autocast; TRL's fused LM head scores only labelled
+positions (no full logits); padding-free batches (training.packing) through a varlen flash-attention kernel
+(eps_screen.models); the LoRA update added in the base GEMM's epilogue (fused_lora, on by default); Liger's fused
+RMSNorm/SwiGLU/RoPE kernels where liger-kernel is installed, or torch.compile of each decoder block (compile);
+gradient checkpointing as an option; the recipe's batch cut into micro-batches that fit a token budget
+(max_batch_tokens: same examples per optimizer step, so the same science). Fields not yet in TrainingConfig are
+read with getattr defaults (liger: None = where installed; fused_lora: True; compile: False; max_batch_tokens: None).
 """
 
 from __future__ import annotations
@@ -163,12 +165,12 @@ def _fused_lora_forward(self, x, *args, **kwargs):
     ):
         return type(self).forward(self, x, *args, **kwargs)
     name = names[0]
-    result = self.base_layer(x, *args, **kwargs)
     a, b = self.lora_A[name].weight, self.lora_B[name].weight
     if not torch.is_autocast_enabled(x.device.type):
-        if result.dtype != a.dtype:  # mixed dtypes without autocast: PEFT's casting rules apply
+        if self.base_layer.weight.dtype != a.dtype:  # mixed dtypes without autocast: PEFT's casting rules apply
             return type(self).forward(self, x, *args, **kwargs)
         x = x.to(a.dtype)
+    result = self.base_layer(x, *args, **kwargs)
     h = F.linear(self.lora_dropout[name](x), a)
     out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=self.scaling[name])
     return out.view(result.shape)
@@ -197,17 +199,18 @@ def _decoder_layers(model):
 def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
     """The levers train_lora uses, from the config (fields read with defaults until config.py has them)."""
     t = config.training
-    liger = getattr(t, "liger", None)  # None = on where installed and on a GPU
+    compile_ = bool(getattr(t, "compile", False)) and on_gpu
+    liger = getattr(t, "liger", None)  # None = on where installed, on a GPU, unless compiling (Inductor fuses those ops)
     return {
         "bf16": on_gpu and config.model.dtype == "bfloat16",
         "padding_free": bool(t.packing),
         "varlen_attention": bool(t.packing) and on_gpu and config.model.attn_implementation == "sdpa",
-        "liger": on_gpu and liger_available() if liger is None else bool(liger) and on_gpu,
+        "liger": on_gpu and liger_available() and not compile_ if liger is None else bool(liger) and on_gpu,
         "gradient_checkpointing": bool(t.gradient_checkpointing),
         "max_batch_tokens": getattr(t, "max_batch_tokens", None),
         "fused_lora": bool(getattr(t, "fused_lora", True)),
         # torch.compile of each decoder block (regional: one compiled graph reused by all blocks), dynamic shapes.
-        "compile": bool(getattr(t, "compile", False)) and on_gpu,
+        "compile": compile_,
     }
 
 

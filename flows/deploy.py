@@ -132,7 +132,11 @@ def prefect_deploy(names: list[str]) -> subprocess.CompletedProcess:
     cmd = [prefect, "--no-prompt", "deploy", "--prefect-file", str(PREFECT_FILE.relative_to(REPO))]
     for name in names:
         cmd += ["--name", name]
-    env = {**os.environ, "PREFECT_CLI_WRAP_LINES": "false", "COLUMNS": "200"}
+    from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_CLI_WRAP_LINES": "false", "COLUMNS": "200", "PREFECT_API_URL": PREFECT_API_URL.value()}
+    if PREFECT_API_KEY.value():  # the API this process talks to, whether it came from the env or a profile
+        env["PREFECT_API_KEY"] = PREFECT_API_KEY.value().get_secret_value()
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -146,7 +146,9 @@ class Doctor:
             raise LookupError("no RunPod account with a key: " + ("; ".join(problems) or "accounts is empty"))
         if not values.get("image"):
             raise ValueError("no image set for the pods: set `image` in the runpod-gpu pool (UI form or deployments/pools/runpod-gpu.yaml)")
-        api = values.get("prefect_api_url") or (os.environ.get("PREFECT_API_URL") or "")
+        from flows.ops import api_url
+
+        api = values.get("prefect_api_url") or api_url() or ""  # unset: the pods get the worker's own API URL
         if urlparse(api).hostname in LOCAL_HOSTS:
             raise ValueError(f"pods cannot reach the Prefect API at {api}: set `prefect_api_url` in the pool to an "
                              "address they can reach")

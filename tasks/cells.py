@@ -2,7 +2,8 @@
 
 The cache key is the store's content address of the cell (inputs + pipeline version) plus the store's
 location, so Prefect shows a re-run's finished cells as Cached; the store check inside run_cell is what
-makes a re-run skip them on any machine, even with Prefect's result cache gone.
+makes a re-run skip them on any machine, even with Prefect's result cache gone. A cell missing from the store
+gets no key (no cache lookup), so a cell deleted from the store is recomputed, never "Cached".
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from eps_screen.design import Cell, Regime
 from eps_screen.store import ResultStore, cell_key, regime_key
 
 
-def _cell_cache_key(_ctx, params) -> str:
+def _cell_cache_key(_ctx, params) -> str | None:
     config: ScreenConfig = params["config"]
-    return f"cell-{ResultStore.for_config(config).dir}-{cell_key(config, Cell.parse(params['cell_id']))}"
+    store, cell = ResultStore.for_config(config), Cell.parse(params["cell_id"])
+    if not store.is_finished(config, cell):
+        return None  # nothing to reuse: compute it, even if Prefect remembers a result for a cell since deleted
+    return f"cell-{store.dir}-{cell_key(config, cell)}"
 
 
 def _regime_cache_key(_ctx, params) -> str:

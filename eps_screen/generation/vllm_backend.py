@@ -71,9 +71,9 @@ class VLLMGenerator:
             enable_lora=True,
             max_lora_rank=lora_rank_slot(config.lora.rank),
             max_loras=self.max_loras,
-            max_cpu_loras=max(self.max_loras, int(getattr(ev, "vllm_max_cpu_loras", 2 * self.max_loras))),
+            max_cpu_loras=max(self.max_loras, int(getattr(ev, "vllm_max_cpu_loras", None) or 2 * self.max_loras)),
             seed=0,
-            enforce_eager=bool(getattr(ev, "vllm_enforce_eager", not gpu)),
+            enforce_eager=(not gpu) if getattr(ev, "vllm_enforce_eager", None) is None else bool(ev.vllm_enforce_eager),
         )
         max_len = getattr(ev, "vllm_max_model_len", None)
         if max_len:

@@ -19,7 +19,7 @@ def _config(**training):
     from eps_screen.config import ScreenConfig
 
     base = ScreenConfig()
-    extra = {k: training.pop(k) for k in ("liger", "max_batch_tokens") if k in training}
+    extra = {k: training.pop(k) for k in ("liger", "max_batch_tokens", "compile", "fused_lora") if k in training}
     t = base.training.model_copy(update={"epochs": 2, "batch_size": 4, "learning_rate": 1e-3, **training, **extra})
     return base.model_copy(update={
         "training": t,
@@ -124,3 +124,38 @@ def test_gradient_checkpointing_and_micro_batches(base, tmp_path):
                      seed=0, out_dir=tmp_path)
     assert rep.micro_batch * rep.grad_accum == 4 and rep.micro_batch < 4
     assert not base.model.is_gradient_checkpointing
+
+
+def test_compiled_blocks_train_and_are_released(base, tmp_path):
+    """training.compile: each decoder block compiled for the run, plain again afterwards; Liger stays off."""
+    from eps_screen.training import train_lora
+
+    before = _digest(base.model)
+    rep = train_lora(base, _examples(), _config(packing=True, compile=True), whole_answer=True, seed=0, out_dir=tmp_path)
+    assert rep.options["compile"] and not rep.options["liger"] and rep.options["fused_lora"]
+    assert rep.final_loss == rep.final_loss
+    assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in base.model.model.layers)
+    assert _digest(base.model) == before
+
+
+def test_fused_lora_matches_peft_in_bf16(base):
+    from peft import LoraConfig, get_peft_model
+
+    from eps_screen.training import _fuse_lora
+
+    torch.manual_seed(0)
+    model = get_peft_model(base.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    try:
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.05)
+        ids = torch.randint(10, 1500, (2, 40), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ref = model(input_ids=ids).logits.float()
+            _fuse_lora(model)
+            out = model(input_ids=ids).logits.float()
+        assert float((out - ref).norm() / ref.norm()) < 2e-2
+    finally:
+        model.unload()
+        if base.model.__dict__.get("peft_config") is not None:
+            del base.model.peft_config

@@ -1,0 +1,287 @@
+"""GPU-hours and cost of a screen from measured throughput: what `eps-screen validate` prints before renting.
+
+Work is counted from the config (cells of every phase, examples and sequence lengths per A x B condition,
+answers and their lengths, generation regimes, the pre-screen) and divided by figures measured on the H200
+test machine (BENCHMARKS.md, section GPU; each figure names its result file). Where no measurement exists the
+estimate says so in `notes` and uses the nearest measured figure; a figure can be overridden from the config
+(`estimate.*` fields, read with defaults until config.py has them).
+
+The tiny preset runs on the CPU: its figures are CPU measurements and its cost is zero.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from eps_screen import design
+from eps_screen.config import ScreenConfig
+
+CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    unit: str
+    source: str
+    note: str = ""
+
+
+_R = "benchmarks/results/"
+# Training tokens/s per A x B condition on one H200, Qwen2.5-7B-shaped model, bf16, LoRA r=32 all linear,
+# batch 8, whole-answer labels (E0 runs ~6% faster: counted as E1), steady state after 2 warm-up steps.
+H200_TRAIN = {
+    "padfree+fused+compile": {
+        "A0B0": Figure(4835, "tokens/s", _R + "gpu_train_h200_compile2.json"),
+        "A1B0": Figure(16762, "tokens/s", _R + "gpu_train_h200_compile.json"),
+        "A0B1": Figure(15583, "tokens/s", _R + "gpu_train_h200_compile.json"),
+        "A1B1": Figure(16060, "tokens/s", _R + "gpu_train_h200_compile2.json"),
+    },
+    "padfree+liger+fused": {
+        "A0B0": Figure(2766, "tokens/s", _R + "gpu_train_h200_run2.json"),
+        "A1B0": Figure(15768, "tokens/s", _R + "gpu_train_h200_run2.json"),
+        "A0B1": Figure(13441, "tokens/s", _R + "gpu_train_h200_run2.json"),
+        "A1B1": Figure(15400, "tokens/s", _R + "gpu_train_h200_run2.json"),
+    },
+    "padfree+liger+gc": {  # measured before the fused LoRA epilogue: a floor
+        "A0B0": Figure(1475, "tokens/s", _R + "gpu_train_h200_run1.json"),
+        "A1B0": Figure(9646, "tokens/s", _R + "gpu_train_h200_run1.json"),
+        "A0B1": Figure(9155, "tokens/s", _R + "gpu_train_h200_run1.json"),
+        "A1B1": Figure(9529, "tokens/s", _R + "gpu_train_h200_run1.json"),
+    },
+    "padded+liger": {  # measured before the fused LoRA epilogue: a floor
+        "A0B0": Figure(2953, "tokens/s", _R + "gpu_train_h200_run1.json"),
+        "A1B0": Figure(13306, "tokens/s", _R + "gpu_train_h200_run1.json"),
+        "A0B1": Figure(11238, "tokens/s", _R + "gpu_train_h200_run1.json"),
+        "A1B1": Figure(10689, "tokens/s", _R + "gpu_train_h200_run1.json"),
+    },
+}
+H200_COMPILE_WARMUP_S = Figure(25, "s per process", _R + "gpu_train_h200_compile.json", "first A1B1 run minus steady")
+# Generation tokens/s on one H200, transformers `generate` (dynamic cache, batch 256, sampling), 7B-shaped.
+H200_GENERATE = {
+    "A0": Figure(3170, "tokens/s", _R + "gpu_generate_h200.json", "45-token prompts, 256 new tokens"),
+    "A1": Figure(2413, "tokens/s", _R + "gpu_generate_h200.json", "1045-token prompts, 256 new tokens"),
+}
+# The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
+CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
+CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
+
+# Not measured (stated in notes wherever used).
+ANSWER_TOKENS = {0: 50, 1: 1050}  # SPEC.md: tokens before the marker under B0 / B1
+TOKENS_PER_WORD = 1.33  # English prose in Qwen2.5's tokenizer, about
+CHAT_OVERHEAD_TOKENS = 30  # role headers, persona framing, question and format instruction
+PADDED_TAIL_FACTOR = 2.0  # transformers generate: a batch runs until its longest answer (cap/mean ~ 2 for B1)
+JOB_STARTUP_S = 180  # per GPU job: container start, model load from local disk, warm-up
+REFERENCE_PARAMS = 7.6e9
+
+
+@dataclass
+class Estimate:
+    gpu_hours: float
+    cost_usd: float
+    hardware: str
+    hours: dict[str, float]  # train, eval, regimes, pre_screen, startup
+    work: dict[str, float]  # cells, training tokens, generated tokens, ...
+    figures: dict[str, dict]  # name -> {value, unit, source, note}
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        h = self.hours
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in h.items() if v)
+        return f"{self.gpu_hours:.1f} {self.hardware}-hours (${self.cost_usd:,.0f}): {parts}"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "summary": self.summary}
+
+    def lines(self) -> list[str]:
+        out = [f"estimate: {self.summary}"]
+        out += [f"  {name}: {f['value']:,.0f} {f['unit']} ({f['source']}{'; ' + f['note'] if f['note'] else ''})"
+                for name, f in self.figures.items()]
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+    def generation_needed_for(self, hours: float) -> float | None:
+        """Generation tokens/s (of a continuous-batching engine: no batch tail) at which the screen would fit in
+        `hours`, training and start-up as estimated; None if those alone exceed it."""
+        fixed = self.hours["train"] + self.hours["startup"]
+        tokens = self.work["generated_tokens"]
+        return tokens / ((hours - fixed) * 3600) if hours > fixed and tokens else None
+
+
+def _model_params(ref: str) -> float | None:
+    m = re.search(r"(\d+(?:\.\d+)?)[bB]\b", ref.split("/")[-1])
+    return float(m.group(1)) * 1e9 if m else None
+
+
+def _training_profile(config: ScreenConfig) -> tuple[str, list[str]]:
+    t = config.training
+    notes = []
+    if t.gradient_checkpointing:
+        profile = "padfree+liger+gc"
+        if not t.packing:
+            notes.append("gradient checkpointing without packing is not measured: padding-free figures used")
+    elif not t.packing:
+        profile = "padded+liger"
+    elif getattr(t, "compile", False):
+        profile = "padfree+fused+compile"
+    else:
+        profile = "padfree+liger+fused"
+        notes.append("training.compile would make training ~10% faster (padfree+fused+compile figures)")
+    return profile, notes
+
+
+def sequence_tokens(config: ScreenConfig, a: int, b: int) -> tuple[float, float, float]:
+    """(prompt tokens, answer tokens, training sequence tokens) of a condition, by rule of thumb."""
+    from eps_screen.panels import load_panels
+
+    words = len(load_panels().long_system_prompt.split())
+    if config.texts.long_prompt_words:
+        words = min(words, config.texts.long_prompt_words)
+    prompt = CHAT_OVERHEAD_TOKENS + (words * TOKENS_PER_WORD if a else 0)
+    answer = min(ANSWER_TOKENS[b], config.eval.max_new_tokens)
+    seq = min(prompt + answer + 6, config.training.max_length)  # marker and end of turn
+    return prompt, answer, seq
+
+
+def estimate(config: ScreenConfig) -> Estimate:
+    tiny = config.model.base.startswith("tiny")
+    notes: list[str] = []
+    figures: dict[str, Figure] = {}
+
+    # --- the work ---------------------------------------------------------------------------------------------
+    smoke, slab = design.smoke_cells(config), design.all_slab_cells(config)
+    cells = list({c.id: c for c in smoke + slab}.values())
+    n_multi = len(config.sources) * min(config.seeds.top_k, 32) * len(config.seeds.multiseed)
+    per_condition = {c: 0.0 for c in CONDITIONS}
+    for c in cells:
+        per_condition[f"A{c.level('A')}B{c.level('B')}"] += 1
+    for c in CONDITIONS:  # phase-3 cells are picked later: assume the average condition mix
+        per_condition[c] += n_multi / len(CONDITIONS)
+    n_cells = len(cells) + n_multi
+
+    examples = config.data.positives + config.data.negatives
+    e0_examples = config.data.positives if config.data.e0_negatives == "none" else examples
+    cell_examples = (examples + e0_examples) / 2  # half the cells are E0
+    epochs = float(config.training.epochs)
+    answers_per_cell = (config.eval.personas * config.eval.questions + config.eval.random_controls) * config.eval.samples
+
+    train_tokens = {}
+    eval_tokens = {}
+    for cond in CONDITIONS:
+        a, b = int(cond[1]), int(cond[3])
+        _, answer, seq = sequence_tokens(config, a, b)
+        train_tokens[cond] = per_condition[cond] * cell_examples * seq * epochs
+        eval_tokens[cond] = per_condition[cond] * answers_per_cell * answer
+
+    regimes = design.regimes(slab)
+    on_regimes = [r for r in regimes if not r.off_policy]
+    off_regimes = [r for r in regimes if r.off_policy]
+    regime_tokens = {"on": 0.0, "off": 0.0}
+    for kind, rs in (("on", on_regimes), ("off", off_regimes)):
+        for r in rs:
+            regime_tokens[kind] += examples * sequence_tokens(config, r.A, r.B)[1]
+    mean_regime = {k: v / max(1, len(rs)) for (k, v), rs in zip(regime_tokens.items(), (on_regimes, off_regimes), strict=True)}
+    # Phase 3 re-runs at new seeds need their own answer sets (up to one per multi-seed cell, half of them D1).
+    regime_tokens["on"] += n_multi / 2 * mean_regime["on"]
+    regime_tokens["off"] += n_multi / 2 * mean_regime["off"]
+    if config.off_policy.kind == "jsonl":
+        regime_tokens["off"] = 0.0
+    prescreen_tokens = sum(answers_per_cell * sequence_tokens(config, a, b)[1] for a in (0, 1) for b in (0, 1) for _ in (0, 1))
+
+    # --- the rates ----------------------------------------------------------------------------------------------
+    if tiny:
+        hardware = "CPU"
+        train_rate = {c: CPU_TINY_TRAIN for c in CONDITIONS}
+        gen_rate = {0: CPU_TINY_GENERATE, 1: CPU_TINY_GENERATE}
+        figures["train (tiny, CPU)"] = CPU_TINY_TRAIN
+        figures["generate (tiny, CPU)"] = CPU_TINY_GENERATE
+        tail = 1.0
+        startup_s = 0.0
+        notes.append("tiny model on the CPU: wall time of the in-process run, no GPU cost")
+    else:
+        hardware = "H200"
+        profile, profile_notes = _training_profile(config)
+        notes += profile_notes
+        train_rate = dict(H200_TRAIN[profile])
+        for c in CONDITIONS:
+            figures[f"train {c} ({profile})"] = train_rate[c]
+        backend = config.backend.generation
+        gen_rate = {0: H200_GENERATE["A0"], 1: H200_GENERATE["A1"]}
+        figures["generate A0 (transformers, batch 256)"] = gen_rate[0]
+        figures["generate A1 (transformers, batch 256)"] = gen_rate[1]
+        tail = PADDED_TAIL_FACTOR
+        override = getattr(getattr(config, "estimate", None), "generate_tokens_per_s", None)
+        if override:
+            gen_rate = {a: Figure(float(override), "tokens/s", "config estimate.generate_tokens_per_s") for a in (0, 1)}
+            figures["generate (config override)"] = gen_rate[0]
+            tail = 1.0
+        elif backend in ("vllm", "auto"):
+            notes.append(
+                "vLLM was not measured on the H200 (no vllm wheel on the test machine): generation uses the measured"
+                " transformers figures, a floor; set estimate.generate_tokens_per_s once vLLM is measured"
+            )
+        if tail != 1.0:
+            notes.append(f"transformers batches run to their longest answer: x{tail} decode steps (assumed)")
+        params = _model_params(config.model.base)
+        if params and abs(params / REFERENCE_PARAMS - 1) > 0.25:
+            scale = REFERENCE_PARAMS / params
+            train_rate = {c: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f} by parameters") for c, f in train_rate.items()}
+            gen_rate = {a: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f} by parameters") for a, f in gen_rate.items()}
+            notes.append(f"{config.model.base}: figures scaled from the 7.6B-parameter measurements by parameter count")
+        startup_s = JOB_STARTUP_S
+        if getattr(config.training, "compile", False):
+            startup_s += H200_COMPILE_WARMUP_S.value
+            figures["compile warm-up"] = H200_COMPILE_WARMUP_S
+        notes.append(f"per GPU job {startup_s:.0f} s of start-up (assumed); one job per phase and source")
+
+    train_s = sum(train_tokens[c] / train_rate[c].value for c in CONDITIONS)
+    eval_s = sum(eval_tokens[c] * tail / gen_rate[int(c[1])].value for c in CONDITIONS)
+    # Regime answers are generated without an adapter, under their own prompt condition: mean of the A rates.
+    mean_gen = sum(f.value for f in gen_rate.values()) / len(gen_rate)
+    off_scale = 1.0
+    if config.off_policy.kind == "model" and config.off_policy.model and not tiny:
+        off_params = _model_params(config.off_policy.model)
+        if off_params:
+            off_scale = off_params / REFERENCE_PARAMS
+            notes.append(
+                f"off-policy answers from {config.off_policy.model}: generation time scaled x{off_scale:.1f} by"
+                " parameter count (not measured; a 72B model in bf16 needs more than one H200's memory)"
+                if off_params > 60e9 else f"off-policy model scaled x{off_scale:.1f} by parameter count (not measured)"
+            )
+    regimes_s = (regime_tokens["on"] + regime_tokens["off"] * off_scale) * tail / mean_gen
+    prescreen_s = prescreen_tokens * tail / mean_gen
+    jobs = 2 + 2 * len(config.sources)  # pre-screen, smoke, a slab and a multi-seed job per source
+    hours = {
+        "train": train_s / 3600,
+        "eval": eval_s / 3600,
+        "regimes": regimes_s / 3600,
+        "pre_screen": prescreen_s / 3600,
+        "startup": jobs * startup_s / 3600,
+    }
+    gpu_hours = sum(hours.values())
+    work = {
+        "cells": n_cells,
+        "training_tokens": sum(train_tokens.values()),
+        "eval_tokens": sum(eval_tokens.values()),
+        "regime_tokens": regime_tokens["on"] + regime_tokens["off"],
+        "pre_screen_tokens": prescreen_tokens,
+    }
+    # Answer tokens to generate, the off-policy model's counted at the base model's cost (x off_scale).
+    work["generated_tokens"] = (work["eval_tokens"] + work["pre_screen_tokens"] + regime_tokens["on"]
+                                + regime_tokens["off"] * off_scale)
+    notes.append(
+        f"sequence lengths by rule of thumb: answers {ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (B0/B1, SPEC.md),"
+        f" {TOKENS_PER_WORD} tokens per word of the long system prompt"
+    )
+    cost = 0.0 if tiny else gpu_hours * config.execution.gpu_hourly_usd
+    return Estimate(
+        gpu_hours=gpu_hours,
+        cost_usd=cost,
+        hardware=hardware,
+        hours=hours,
+        work=work,
+        figures={k: {"value": f.value, "unit": f.unit, "source": f.source, "note": f.note} for k, f in figures.items()},
+        notes=notes,
+    )

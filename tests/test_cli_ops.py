@@ -1,0 +1,193 @@
+"""`eps-screen deploy | status | retry | report` and the files they apply (deployments/prefect.yaml, pools/).
+
+One simulated screen per module (114 cells, in-process, on the session's Prefect test harness); the commands
+run in-process through `flows.cli.main`, their output captured.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import CONFIGS, ROOT
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
+
+
+# --- the deployment files ------------------------------------------------------------------------------------------
+def test_prefect_yaml_names_what_the_screen_dispatches_to():
+    from flows.deploy import pool_specs, pools_of_deployments
+    from flows.screen import DEPLOYMENTS
+
+    spec = yaml.safe_load(PREFECT_FILE.read_text())
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    flows = {d["name"]: d["entrypoint"] for d in spec["deployments"]}
+    for pool, target in DEPLOYMENTS.items():  # "cell/cell-local-gpu" on pool local-gpu, ...
+        flow, name = target.split("/")
+        assert flows[name] == "flows/cell.py:cell" and flow == "cell"
+        assert deployments[name]["work_pool"]["name"] == pool
+    assert set(pools_of_deployments().values()) <= set(pool_specs())
+    assert deployments["aggregate"]["entrypoint"] == "flows/aggregate.py:aggregate_all"
+    assert deployments["aggregate"]["schedules"][0]["cron"] == "0 * * * *"
+    assert deployments["screen"]["work_pool"]["name"] == "cpu"  # never a GPU slot for the orchestrator
+    assert "pull" not in spec  # local pools: the directory `prefect deploy` runs in; RunPod: /app in the image
+    pull = deployments["cell-runpod"]["pull"][0]["prefect.deployments.steps.set_working_directory"]
+    assert pull["directory"] == "/app"
+
+
+def test_screen_deployment_form_is_the_config_schema():
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    from eps_screen.config import parse_config
+
+    spec = {d["name"]: d for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]}
+    schema = parameter_schema(load_flow_from_entrypoint(str(ROOT / "flows" / "screen.py") + ":screen"))
+    config_schema = schema.model_dump()["definitions"]["ScreenConfig"]
+    assert {"execution", "backend", "sources", "gates", "store"} <= set(config_schema["properties"])
+    assert config_schema["additionalProperties"] is False  # a typo in the form is refused, not ignored
+    default = parse_config(spec["screen"]["parameters"]["config"])
+    assert default.execution.pool == "local-gpu" and default.store == "results"
+
+
+def test_pool_templates_layer_their_defaults_over_the_worker_type():
+    from flows.deploy import base_job_template, concurrency, pool_specs, worker_class
+
+    specs = pool_specs()
+    assert {s.type for s in specs.values()} == {"process", "runpod"}
+    for spec in specs.values():
+        if worker_class(spec.type) is None:
+            continue
+        props = base_job_template(spec)["variables"]["properties"]
+        for key, value in spec.defaults.items():
+            assert props[key]["default"] == value
+    assert concurrency(specs["local-gpu"], gpus=4) == 4  # one cell per GPU
+    assert concurrency(specs["cpu"], gpus=4) is None
+
+
+def test_redeploying_keeps_what_was_set_in_the_ui():
+    from flows.deploy import PoolSpec, keep_ui_edits
+
+    stock = {"variables": {"properties": {"image": {"default": None}, "env": {"default": {}}, "gpu_count": {"default": 1}}}}
+    spec = PoolSpec("runpod-gpu", "runpod", defaults={"env": {"A": "1"}})
+    new = {"variables": {"properties": {"image": {"default": None}, "env": {"default": {"A": "1"}},
+                                        "gpu_count": {"default": 1}}}}
+    live = {"variables": {"properties": {"image": {"default": "ghcr.io/lab/eps:abc"}, "env": {"default": {"B": "2"}},
+                                         "gpu_count": {"default": 2}}}}
+    merged = keep_ui_edits(new, live, stock, spec)["variables"]["properties"]
+    assert merged["image"]["default"] == "ghcr.io/lab/eps:abc" and merged["gpu_count"]["default"] == 2
+    assert merged["env"]["default"] == {"A": "1"}  # the pool file sets env: the file wins
+
+
+def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(capsys, monkeypatch):
+    from prefect.client.orchestration import get_client
+
+    import flows.deploy as deploy_mod
+    from flows.cli import main
+
+    real = deploy_mod.worker_class
+    monkeypatch.setattr(deploy_mod, "worker_class", lambda t: None if t == "runpod" else real(t))
+    with get_client(sync_client=True) as client:  # a pool left by another test would change what is deployed
+        for pool in ("cpu", "local-gpu", "runpod-gpu"):
+            try:
+                client.delete_work_pool(pool)
+            except Exception:
+                pass
+    assert main(["deploy", "--gpus", "2"]) == 0
+    first = capsys.readouterr().out
+    assert "work pool local-gpu: created (type process, concurrency limit 2)" in first
+    assert "skip work pool runpod-gpu: worker type 'runpod' is not installed" in first
+    assert "skip deployment cell-runpod: its pool does not exist" in first
+    assert main(["deploy", "--gpus", "2", "--aggregate-cron", "*/5 * * * *"]) == 0
+    second = capsys.readouterr().out
+    assert "work pool local-gpu: updated" in second and "deployment aggregate -> pool cpu" in second
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("aggregate-all/aggregate")
+        assert [s.schedule.cron for s in client.read_deployment_schedules(dep.id)] == ["*/5 * * * *"]
+        assert client.read_work_pool("local-gpu").concurrency_limit == 2
+        for name in ("screen/screen", "cell/cell-local-gpu"):
+            assert client.read_deployment_by_name(name).pull_steps == [
+                {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+        for pool in ("cpu", "local-gpu"):
+            client.delete_work_pool(pool)
+
+
+def test_print_template_gives_prefects_own_format(capsys):
+    from flows.cli import main
+
+    assert main(["deploy", "--print-template", "local-gpu"]) == 0
+    template = json.loads(capsys.readouterr().out)
+    assert set(template) == {"job_configuration", "variables"}
+    assert template["variables"]["properties"]["env"]["default"]["TOKENIZERS_PARALLELISM"] == "false"
+
+
+# --- status, retry, report on a finished simulated screen ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def screen_store(tmp_path_factory):
+    from eps_screen.config import load_config
+    from flows.screen import screen
+
+    store = tmp_path_factory.mktemp("ops-store")
+    config = load_config(CONFIGS / "simulated.yaml").model_copy(update={"store": str(store), "name": "ops"})
+    assert screen(config, return_state=True).is_completed()
+    return store, store / "ops"
+
+
+def markers(screen_dir: Path) -> dict[str, int]:
+    return {p.parent.parent.name: p.stat().st_ino for p in screen_dir.glob("cells/*/*/metrics.json")}
+
+
+def test_status_per_phase_and_per_cell(screen_store, capsys):
+    from flows.cli import main
+
+    store, _ = screen_store
+    assert main(["status", "ops", "--store", str(store), "--cells", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "latest screen run" in out and "Completed" in out
+    for row in ("smoke", "slab librarian", "slab software_engineer", "slab nurse", "multiseed", "all distinct"):
+        assert row in out
+    assert "librarian-A0B0C0D0E0-s42" in out and "finished" in out
+    assert "pre-screen contamination" in out  # the gates table
+
+
+def test_unknown_screen_is_one_line(screen_store, capsys):
+    from flows.cli import main
+
+    store, _ = screen_store
+    assert main(["status", "nope", "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: no screen 'nope' in store {store} (found: ops)"]
+
+
+def test_retry_recomputes_only_the_unfinished_cells_then_reports(screen_store, capsys):
+    from flows.cli import main
+
+    store, screen_dir = screen_store
+    lost = ["nurse-A1B1C1D1E1-s42", "software_engineer-A0B1C0D1E0-s42"]
+    for cell in lost:
+        shutil.rmtree(screen_dir / "cells" / cell)
+    report = screen_dir / "report" / "clean_result.html"
+    before, report_before = markers(screen_dir), report.stat().st_mtime_ns
+    assert main(["status", "ops", "--store", str(store)]) == 0
+    status = capsys.readouterr().out
+    assert all(cell in status for cell in lost) and "todo" in status
+
+    assert main(["retry", "ops", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    # a lost slab cell hides the multi-seed pick until it is back
+    assert "94 of 96 known cells finished; to compute: 2 missing (+ the multi-seed cells" in out
+    assert "114 of 114 cells finished" in out
+    after = markers(screen_dir)
+    assert set(after) == set(before) | set(lost)
+    assert {c: after[c] for c in before} == before  # no finished cell rewritten
+    assert report.stat().st_mtime_ns > report_before
+
+    assert main(["report", "ops", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == str(report) and "ops: 114 cells" in out

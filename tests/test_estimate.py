@@ -1,0 +1,51 @@
+"""The GPU-hours estimate: computed from measured figures that name their result files."""
+
+from __future__ import annotations
+
+from eps_screen.config import load_config
+from eps_screen.estimate import estimate
+from tests.conftest import CONFIGS, ROOT
+
+
+def _qwen(**training):
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    return config.model_copy(update={"training": config.training.model_copy(update=training)}) if training else config
+
+
+def test_qwen7b_estimate_cites_its_figures():
+    est = estimate(_qwen())
+    assert est.hardware == "H200" and est.gpu_hours > 0
+    assert est.cost_usd == est.gpu_hours * 3.5
+    assert set(est.hours) == {"train", "eval", "regimes", "pre_screen", "startup"}
+    assert est.work["cells"] == 114  # 96 slab cells (the 8 smoke cells among them) + 18 multi-seed
+    for name, fig in est.figures.items():
+        assert fig["value"] > 0, name
+        path = fig["source"].split(",")[0]
+        assert (ROOT / path).exists(), f"{name}: {path} missing"
+    assert any("vLLM was not measured" in n for n in est.notes)
+    d = est.as_dict()
+    assert d["cost_usd"] == est.cost_usd and "H200-hours" in d["summary"]
+
+
+def test_levers_and_sources_move_the_estimate():
+    base = estimate(_qwen())
+    compiled = estimate(_qwen(compile=True))
+    checkpointed = estimate(_qwen(gradient_checkpointing=True))
+    assert compiled.hours["train"] < base.hours["train"] < checkpointed.hours["train"]
+    config = _qwen()
+    jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
+    assert estimate(jsonl).hours["regimes"] < base.hours["regimes"]
+
+
+def test_generation_override_and_the_rate_a_budget_needs():
+    config = _qwen(compile=True)
+    needed = estimate(config).generation_needed_for(7.0)
+    assert needed and needed > 10_000
+    fast = config.model_copy(update={"estimate": type("E", (), {"generate_tokens_per_s": needed})()})
+    # At exactly the needed rate (no batch tail) the screen takes the budget, give or take the off-policy model.
+    assert estimate(fast).gpu_hours < estimate(config).gpu_hours
+
+
+def test_tiny_preset_costs_nothing():
+    est = estimate(load_config(CONFIGS / "tiny.yaml"))
+    assert est.hardware == "CPU" and est.cost_usd == 0 and est.gpu_hours < 2
