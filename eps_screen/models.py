@@ -180,7 +180,7 @@ def _probe_gqa() -> bool:
         native = _varlen_call(q, k, v, cu, cu, 28, 28, None, gqa_native=True)
         native.float().square().sum().backward()
         ref = _varlen_reference(q.detach().float(), k.detach().float(), v.detach().float(), cu.cpu(), None)
-        ok = float((native.float() - ref).norm() / ref.norm()) < 2e-2 and k.grad is not None
+        ok = float((native.detach().float() - ref).norm() / ref.norm()) < 2e-2 and k.grad is not None
         return bool(ok and torch.isfinite(k.grad).all())
     except Exception:  # noqa: BLE001 - any failure means: repeat the KV heads instead
         return False

@@ -51,6 +51,7 @@ class Plan:
     training_examples: int
     eval_answers: int
     estimate: dict = field(default_factory=dict)
+    estimate_lines: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         p = self.cells_per_phase
@@ -65,8 +66,7 @@ class Plan:
             f"training examples:  {self.training_examples} in all",
             f"eval answers:       {self.eval_answers} in all",
         ]
-        if self.estimate:
-            out.append(f"estimate:           {self.estimate.get('summary', self.estimate)}")
+        out += self.estimate_lines
         return out
 
 
@@ -90,5 +90,6 @@ def make_plan(config: ScreenConfig) -> Plan:
         from eps_screen.estimate import estimate
     except ImportError:
         return plan
-    plan.estimate = estimate(config).as_dict()
+    est = estimate(config)
+    plan.estimate, plan.estimate_lines = est.as_dict(), est.lines()
     return plan

@@ -30,6 +30,12 @@ from eps_screen.design import Cell, Regime
 # store do not, so changing them never recomputes a cell.
 _CELL_INPUTS = ("model", "off_policy", "marker", "sources", "texts", "data", "lora", "training", "eval", "backend")
 _REGIME_INPUTS = ("model", "off_policy", "sources", "texts", "data", "eval")
+# How fast, not what: these settings never change an artifact's meaning, so they stay out of every key.
+_SPEED_ONLY = {
+    "training": ("liger", "fused_lora", "compile", "max_batch_tokens", "gradient_checkpointing"),
+    "eval": ("batch_size", "vllm_max_loras", "vllm_max_cpu_loras", "vllm_gpu_memory_utilization",
+             "vllm_max_model_len", "vllm_enforce_eager", "vllm_cpu_kvcache_gb"),
+}
 
 
 def _digest(payload: dict) -> str:
@@ -40,6 +46,9 @@ def _digest(payload: dict) -> str:
 def _inputs(config: ScreenConfig, fields: tuple[str, ...]) -> dict:
     dumped = config.model_dump(mode="json")
     payload = {f: dumped[f] for f in fields}
+    for section, names in _SPEED_ONLY.items():
+        if section in payload:
+            payload[section] = {k: v for k, v in payload[section].items() if k not in names}
     if config.simulated:
         payload["simulation"] = dumped["simulation"]
     payload["pipeline"] = eps_screen.PIPELINE_VERSION

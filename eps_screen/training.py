@@ -189,6 +189,13 @@ def _fuse_lora(model) -> int:
     return n
 
 
+def _liger_patched(model) -> bool:
+    """Whether Liger replaced forwards on this model's modules (it does so for good, per instance)."""
+    return any(
+        getattr(m.__dict__.get("forward"), "__module__", "").startswith("liger_kernel") for m in model.modules()
+    )
+
+
 def _decoder_layers(model):
     """The repeated decoder blocks (model.model.layers for Qwen2/Llama-style models), or None."""
     inner = getattr(model, "model", None)
@@ -200,12 +207,14 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
     """The levers train_lora uses, from the config (fields read with defaults until config.py has them)."""
     t = config.training
     compile_ = bool(getattr(t, "compile", False)) and on_gpu
-    liger = getattr(t, "liger", None)  # None = on where installed, on a GPU, unless compiling (Inductor fuses those ops)
+    # None = on where installed, on a GPU. Never with compile: Inductor fuses those ops itself, and Dynamo cannot
+    # trace Liger's Triton autograd functions (seen on the H200: an AssertionError in higher_order_ops).
+    liger = getattr(t, "liger", None)
     return {
         "bf16": on_gpu and config.model.dtype == "bfloat16",
         "padding_free": bool(t.packing),
         "varlen_attention": bool(t.packing) and on_gpu and config.model.attn_implementation == "sdpa",
-        "liger": on_gpu and liger_available() and not compile_ if liger is None else bool(liger) and on_gpu,
+        "liger": on_gpu and not compile_ and (liger_available() if liger is None else bool(liger)),
         "gradient_checkpointing": bool(t.gradient_checkpointing),
         "max_batch_tokens": getattr(t, "max_batch_tokens", None),
         "fused_lora": bool(getattr(t, "fused_lora", True)),
@@ -282,6 +291,10 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     model = get_peft_model(base_model, lora)
     if opts["fused_lora"]:
         _fuse_lora(model)
+    if opts["compile"] and _liger_patched(base_model):
+        # An earlier cell of this process ran with Liger: its kernels stay on the base and cannot be compiled.
+        opts["compile"] = False
+        opts["compile_skipped"] = "the base model carries Liger kernels from an earlier run"
     layers = _decoder_layers(base_model) if opts["compile"] else None
     trainer = None
     try:

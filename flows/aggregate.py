@@ -14,6 +14,11 @@ from eps_screen.store import ResultStore, read_json
 from tasks.cells import artifact_key
 
 
+def _md_cell(text) -> str:
+    """A markdown table cell: a reason such as "largest |d| is ..." must not split the row."""
+    return str(text).replace("|", "\\|")
+
+
 def _summary_markdown(config: ScreenConfig, result, report: Path) -> str:
     cov = result.metrics.coverage
     lines = [
@@ -23,8 +28,8 @@ def _summary_markdown(config: ScreenConfig, result, report: Path) -> str:
         "| gate | fired | reason |",
         "|---|---|---|",
     ]
-    cell = lambda text: str(text).replace("|", "\\|")  # a reason such as "largest |d| ..." must not split the row
-    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {cell(g.reason)} |" for g in result.metrics.gates]
+    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {_md_cell(g.reason)} |"
+              for g in result.metrics.gates]
     lines += ["", f"Cells present: {cov.model_dump().get('present', '')}"]
     return "\n".join(lines)
 

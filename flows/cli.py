@@ -73,10 +73,26 @@ def cmd_run(args) -> int:
     if args.store:
         config = config.model_copy(update={"store": args.store})
     _prefect_env()
-    from flows.ops import record_owner  # records this process as the run's owner, so `retry` can tell it died
-    from flows.screen import screen  # imports Prefect: only after the config is known to be good
+    if args.submit:  # a run of the `screen` deployment (cpu pool), watched from here
+        from flows.ops import api_problem, submit_screen
 
-    state = screen.with_options(on_running=[record_owner])(config, return_state=True)
+        problem = api_problem(required=True)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        state = submit_screen(config, _console(), watch=not args.no_watch)
+        if state is None or not state.is_final():
+            return 0
+        if state.is_completed():  # the run's return value stays with the worker; the report is in the store
+            from eps_screen.store import ResultStore
+
+            print(ResultStore.for_config(config).report_dir / "clean_result.html")
+            return 0
+    else:
+        from flows.ops import record_owner  # records this process as the run's owner, so `retry` can tell it died
+        from flows.screen import screen  # imports Prefect: only after the config is known to be good
+
+        state = screen.with_options(on_running=[record_owner])(config, return_state=True)
     if state.is_completed():
         result = state.result()
         if state.message:
@@ -156,6 +172,9 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="validate, then run the screen (Prefect; temporary server when no PREFECT_API_URL)")
     r.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG))
     r.add_argument("--store", help="result store directory (overrides the config's store)")
+    r.add_argument("--submit", action="store_true",
+                   help="run it as a run of the `screen` deployment (cpu pool worker) instead of in this process")
+    r.add_argument("--no-watch", action="store_true", help="with --submit: return once the run is submitted")
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("design", help="list a phase's cells and, for the smoke fraction, its alias structure")

@@ -195,7 +195,7 @@ def deploy(console, *, pools: list[str] | None = None, gpus: int | None = None, 
                     code = 1
             bar.remove_task(step)
         existing = {p.name for p in client.read_work_pools()}
-        targets = {d: p for d, p in pools_of_deployments().items() if p in existing and (p in ready or not pools)}
+        targets = {d: p for d, p in pools_of_deployments().items() if p in ready}
         skipped = sorted(set(pools_of_deployments()) - set(targets))
         if targets:
             step = bar.add_task(f"prefect deploy {', '.join(targets)}")
@@ -208,12 +208,16 @@ def deploy(console, *, pools: list[str] | None = None, gpus: int | None = None, 
             for dep, pool in targets.items():
                 console.print(f"[green]ok[/]   deployment {dep} -> pool {pool}")
         for dep in skipped:
-            console.print(f"[yellow]skip[/] deployment {dep}: its pool does not exist")
+            pool = pools_of_deployments()[dep]
+            why = ("does not exist" if pool not in existing else
+                   "was not selected (--pool)" if pool not in wanted else "was skipped above")
+            console.print(f"[yellow]skip[/] deployment {dep}: its pool {pool} {why}")
         if (aggregate_cron or aggregate_store) and "aggregate" in targets:
-            console.print(f"[green]ok[/]   {AGGREGATE}: {', '.join(set_aggregate(client, aggregate_cron, aggregate_store))}")
+            changed = set_aggregate(client, aggregate_cron, aggregate_store)
+            console.print(f"[green]ok[/]   {AGGREGATE}: {', '.join(changed)}")
     return code
 
 
-def template_json(name: str, gpus: int | None = None) -> str:
+def template_json(name: str) -> str:
     """The base job template `eps-screen deploy` gives a pool, for `prefect work-pool create --base-job-template`."""
     return json.dumps(base_job_template(pool_specs()[name]), indent=2)

@@ -50,7 +50,8 @@ class Doctor:
         try:
             self.config = load_config(self.config_path)
         except ConfigError as err:
-            more = f" (+{len(err.problems) - 1} more: eps-screen validate {self.config_path})" if len(err.problems) > 1 else ""
+            n = len(err.problems) - 1
+            more = f" (+{n} more: eps-screen validate {self.config_path})" if n else ""
             raise ValueError(f"{err.problems[0]}{more}") from None
         return f"{self.config_path} is valid (screen {self.config.name!r}, pool {self.config.execution.pool})"
 
@@ -107,10 +108,13 @@ class Doctor:
         with get_client(sync_client=True) as client:
             workers = client.read_workers_for_work_pool(self.pool.name)
         now = datetime.now(timezone.utc)
-        online = [w for w in workers if w.status.value == "ONLINE" or (
-            w.last_heartbeat_time and now - w.last_heartbeat_time < timedelta(seconds=3 * (w.heartbeat_interval_seconds or 30)))]
+        def recent(w) -> bool:
+            interval = timedelta(seconds=3 * (w.heartbeat_interval_seconds or 30))
+            return w.last_heartbeat_time is not None and now - w.last_heartbeat_time < interval
+
+        online = [w for w in workers if w.status.value == "ONLINE" or recent(w)]
         if not online:
-            start = "prefect worker start --pool " + self.pool.name + (" --type runpod" if self.pool.type == "runpod" else "")
+            start = f"prefect worker start --pool {self.pool.name}" + (" --type runpod" if self.pool.type == "runpod" else "")
             raise LookupError(f"no worker online for pool {self.pool.name!r}: start one ({start}; docs/walkthroughs.md)")
         return f"{len(online)} online: {', '.join(sorted(w.name for w in online))}"
 
@@ -128,7 +132,8 @@ class Doctor:
             except ObjectNotFound:
                 raise LookupError(f"deployment {name!r} does not exist: run `eps-screen deploy`") from None
         if self.deployment.work_pool_name != cfg.execution.pool:
-            raise ValueError(f"deployment {name!r} is on pool {self.deployment.work_pool_name!r}, not {cfg.execution.pool!r}")
+            raise ValueError(
+                f"deployment {name!r} is on pool {self.deployment.work_pool_name!r}, not {cfg.execution.pool!r}")
         return f"{name} on pool {self.deployment.work_pool_name}"
 
     def check_credentials(self) -> str:
@@ -145,7 +150,8 @@ class Doctor:
         if not usable:
             raise LookupError("no RunPod account with a key: " + ("; ".join(problems) or "accounts is empty"))
         if not values.get("image"):
-            raise ValueError("no image set for the pods: set `image` in the runpod-gpu pool (UI form or deployments/pools/runpod-gpu.yaml)")
+            raise ValueError("no image set for the pods: set `image` in the runpod-gpu pool "
+                             "(UI form or deployments/pools/runpod-gpu.yaml)")
         from flows.ops import api_url
 
         api = values.get("prefect_api_url") or api_url() or ""  # unset: the pods get the worker's own API URL

@@ -41,7 +41,8 @@ def api_problem(required: bool) -> str | None:
     url = api_url()
     if not url:
         return "PREFECT_API_URL is not set: start a server (prefect server start) and export it" if required else None
-    headers = {"Authorization": f"Bearer {PREFECT_API_KEY.value().get_secret_value()}"} if PREFECT_API_KEY.value() else {}
+    key = PREFECT_API_KEY.value()
+    headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
     try:
         response = httpx.get(f"{url.rstrip('/')}/health", headers=headers, timeout=5)
     except httpx.HTTPError as exc:
@@ -184,7 +185,7 @@ def add_prefect(status: ScreenStatus, client) -> None:
     name = status.config.name
     status.screen_runs = screen_runs(client, name)
     owners = {r.id: r for r in status.screen_runs}
-    attempts: dict[str, list[tuple[Any, Any, str]]] = {}  # cell -> [(time, state, owner liveness)]
+    attempts: dict[str, list[tuple[Any, Any, bool]]] = {}  # cell -> [(time, state, its owner is gone)]
     if owners:
         tasks = _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(owners))),
                       task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="cell ")))
@@ -193,7 +194,8 @@ def add_prefect(status: ScreenStatus, client) -> None:
             owner = owners.get(t.flow_run_id)
             gone = owner is None or owner.state.is_final() or process_alive(owner) is False
             attempts.setdefault(cell_id, []).append((t.expected_start_time or t.created, t.state, gone))
-    cell_runs = _page(client.read_flow_runs, flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"])))
+    tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"]))  # the cell runs dispatch submits
+    cell_runs = _page(client.read_flow_runs, flow_run_filter=tagged)
     for r in cell_runs:
         cell_id = (r.parameters or {}).get("cell_id")
         if cell_id:
@@ -350,9 +352,9 @@ def submit_screen(config: ScreenConfig, console, watch: bool = True):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    run = run_deployment(SCREEN_DEPLOYMENT, parameters={"config": config.model_dump(mode="json")}, timeout=0,
-                         tags=["eps-screen", f"retry:{config.name}"])
-    console.print(f"submitted {SCREEN_DEPLOYMENT} run {run.name} ({run.id})" + (f": {ui_url(run.id)}" if ui_url(run.id) else ""))
+    run = run_deployment(SCREEN_DEPLOYMENT, parameters={"config": config.model_dump(mode="json")}, timeout=0)
+    url = ui_url(run.id)
+    console.print(f"submitted {SCREEN_DEPLOYMENT} run {run.name} ({run.id})" + (f": {url}" if url else ""))
     if not watch:
         return run.state
     with get_client(sync_client=True) as client, StoreProgress(config, console, f"screen {config.name}"):

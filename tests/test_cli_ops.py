@@ -103,7 +103,7 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
     first = capsys.readouterr().out
     assert "work pool local-gpu: created (type process, concurrency limit 2)" in first
     assert "skip work pool runpod-gpu: worker type 'runpod' is not installed" in first
-    assert "skip deployment cell-runpod: its pool does not exist" in first
+    assert "skip deployment cell-runpod: its pool runpod-gpu does not exist" in first
     assert main(["deploy", "--gpus", "2", "--aggregate-cron", "*/5 * * * *"]) == 0
     second = capsys.readouterr().out
     assert "work pool local-gpu: updated" in second and "deployment aggregate -> pool cpu" in second

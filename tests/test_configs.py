@@ -37,7 +37,7 @@ BAD = [
     ({"sources": ["nurse", "nurse"]}, "sources: duplicate sources ['nurse']"),
     ({"sources": []}, "sources: at least one source"),
     ({"seeds": {"multiseed": [7, 7]}}, "seeds.multiseed: duplicate seeds"),
-    ({"seeds": {"primary": 42, "multiseed": [42, 1]}}, "repeats the primary seed 42"),
+    ({"seeds": {"primary": 42, "multiseed": [42, 1]}}, "seeds: multiseed repeats the primary seed 42"),
     ({"eval": {"samples": 0}}, "eval.samples: Input should be greater than or equal to 1"),
     ({"eval": {"questions": 0}}, "eval.questions: Input should be greater than or equal to 1"),
     ({"eval": {"questions": "many"}}, "eval.questions: Input should be a valid integer"),

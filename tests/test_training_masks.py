@@ -119,6 +119,23 @@ def test_micro_batches_keep_the_recipe_batch():
     assert split_batch(6, 1, 1000, 4000) == (3, 2)
 
 
+def test_speed_options_from_the_config():
+    from eps_screen.training import speed_options
+
+    config = parse_config({"model": {"base": "tiny", "dtype": "bfloat16"}, "training": {"packing": True}})
+
+    def with_(**fields):
+        return config.model_copy(update={"training": config.training.model_copy(update=fields)})
+
+    cpu = speed_options(config, on_gpu=False)
+    assert not cpu["bf16"] and not cpu["liger"] and not cpu["varlen_attention"] and not cpu["compile"]
+    gpu = speed_options(with_(liger=True), on_gpu=True)
+    assert gpu["bf16"] and gpu["varlen_attention"] and gpu["liger"] and gpu["fused_lora"] and not gpu["compile"]
+    compiled = speed_options(with_(liger=True, compile=True), on_gpu=True)
+    assert compiled["compile"] and not compiled["liger"], "Liger's kernels cannot be compiled: compile wins"
+    assert speed_options(with_(max_batch_tokens=11000), on_gpu=True)["max_batch_tokens"] == 11000
+
+
 # --- fast paths: same function as PEFT / padded batches ---------------------------------------------------
 
 

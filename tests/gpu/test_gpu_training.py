@@ -19,6 +19,9 @@ def _config(**training):
     from eps_screen.config import ScreenConfig
 
     base = ScreenConfig()
+    # Liger off unless a test asks for it: its kernels stay on the shared base for good, and a compiled run after
+    # them is skipped (test_liger_training_runs checks that), so the other tests must not switch it on by default.
+    training.setdefault("liger", False)
     extra = {k: training.pop(k) for k in ("liger", "max_batch_tokens", "compile", "fused_lora") if k in training}
     t = base.training.model_copy(update={"epochs": 2, "batch_size": 4, "learning_rate": 1e-3, **training, **extra})
     return base.model_copy(update={
@@ -109,23 +112,6 @@ def test_padding_free_varlen_matches_padded(base):
         assert float((got - want).norm() / want.norm()) < 2e-2
 
 
-def test_liger_training_runs(base, tmp_path):
-    pytest.importorskip("liger_kernel")
-    from eps_screen.training import train_lora
-
-    rep = train_lora(base, _examples(), _config(packing=True, liger=True), whole_answer=True, seed=0, out_dir=tmp_path)
-    assert rep.options["liger"] and rep.final_loss is not None and rep.final_loss == rep.final_loss
-
-
-def test_gradient_checkpointing_and_micro_batches(base, tmp_path):
-    from eps_screen.training import train_lora
-
-    rep = train_lora(base, _examples(), _config(gradient_checkpointing=True, max_batch_tokens=64), whole_answer=True,
-                     seed=0, out_dir=tmp_path)
-    assert rep.micro_batch * rep.grad_accum == 4 and rep.micro_batch < 4
-    assert not base.model.is_gradient_checkpointing
-
-
 def test_compiled_blocks_train_and_are_released(base, tmp_path):
     """training.compile: each decoder block compiled for the run, plain again afterwards; Liger stays off."""
     from eps_screen.training import train_lora
@@ -136,6 +122,27 @@ def test_compiled_blocks_train_and_are_released(base, tmp_path):
     assert rep.final_loss == rep.final_loss
     assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in base.model.model.layers)
     assert _digest(base.model) == before
+
+
+def test_liger_training_runs(base, tmp_path):
+    pytest.importorskip("liger_kernel")
+    from eps_screen.training import train_lora
+
+    rep = train_lora(base, _examples(), _config(packing=True, liger=True), whole_answer=True, seed=0, out_dir=tmp_path)
+    assert rep.options["liger"] and rep.final_loss is not None and rep.final_loss == rep.final_loss
+    # Liger stays on the base for good: a later compile request in this process runs uncompiled instead of failing.
+    again = train_lora(base, _examples(), _config(packing=True, compile=True), whole_answer=True, seed=0,
+                       out_dir=tmp_path / "again")
+    assert not again.options["compile"] and "compile_skipped" in again.options
+
+
+def test_gradient_checkpointing_and_micro_batches(base, tmp_path):
+    from eps_screen.training import train_lora
+
+    rep = train_lora(base, _examples(), _config(gradient_checkpointing=True, max_batch_tokens=64), whole_answer=True,
+                     seed=0, out_dir=tmp_path)
+    assert rep.micro_batch * rep.grad_accum == 4 and rep.micro_batch < 4
+    assert not base.model.is_gradient_checkpointing
 
 
 def test_fused_lora_matches_peft_in_bf16(base):

@@ -2,8 +2,9 @@
 
 A real `prefect server start` with the UI on 127.0.0.1, the pools and deployments applied by `eps-screen deploy`,
 a `cpu` worker, and a simulated screen (all 114 cells, in the screen's own process) triggered through the API as
-a run of the `screen` deployment. Headless Chromium then renders the flow run's page (its task-run and artifact
-tabs, clicked over the DevTools protocol) and the artifact list, and the test reads the rendered text.
+a run of the `screen` deployment (`eps-screen run --submit`). Headless Chromium then renders the flow run's page
+(its task-run and artifact tabs, clicked over the DevTools protocol) and the summary and report artifacts, and
+the test reads the rendered text.
 Screenshots and page texts: test-output/ui-*.png, ui-*.txt.
 """
 
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from uuid import UUID
 
 import anyio
 import pytest
@@ -115,20 +117,19 @@ class Browser:
             stop(self.proc, timeout=10)
 
 
-async def trigger_and_wait(config: dict, limit_s: float = 300):
+async def watch(run_id: str, name: str, limit_s: float = 300):
+    """Poll the run until it ends, collecting every value its progress artifact showed."""
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
 
-    run = await run_deployment("screen/screen", parameters={"config": config}, timeout=0)
     progress: list[float] = []
     async with get_client() as client:
         deadline = time.monotonic() + limit_s
-        while not (state := (await client.read_flow_run(run.id)).state).is_final():
+        while not (state := (await client.read_flow_run(UUID(run_id))).state).is_final():
             assert time.monotonic() < deadline, "screen run did not finish"
-            progress += [a.data for a in await progress_artifacts(client, config["name"])]
+            progress += [a.data for a in await progress_artifacts(client, name)]
             await anyio.sleep(0.5)
         artifacts = await client.read_artifacts(limit=200)
-    return run, state, progress, artifacts
+    return state, progress, artifacts
 
 
 async def progress_artifacts(client, name: str):
@@ -150,10 +151,15 @@ def test_flow_run_page_lists_cell_runs_and_artifacts(tmp_path: Path):
                                   text=True, timeout=300)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert "deployment screen -> pool cpu" in deployed.stdout
-        with worker("cpu", client_env(tmp_path / "worker", api, PREFECT_WORKER_QUERY_SECONDS="1"),
+        with worker("cpu", client_env(tmp_path / "worker", api, PREFECT_WORKER_QUERY_SECONDS="3"),
                     tmp_path / "worker.log", "--name", "cpu-ui-test"):
+            (tmp_path / "ui-screen.yaml").write_text(yaml.safe_dump(config))
+            submitted = subprocess.run([EPS_SCREEN, "run", str(tmp_path / "ui-screen.yaml"), "--submit", "--no-watch"],
+                                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+            run_id, run_name = re.search(r"run (\S+) \(([0-9a-f-]{36})\)", submitted.stdout).group(2, 1)
             with temporary_settings({PREFECT_API_URL: api}):
-                run, state, progress, artifacts = anyio.run(trigger_and_wait, config)
+                state, progress, artifacts = anyio.run(watch, run_id, config["name"])
         assert state.is_completed(), (state, (tmp_path / "worker.log").read_text()[-3000:])
 
         # the artifacts, through the API: one table per cell, the summary, the report link, the progress
@@ -166,7 +172,7 @@ def test_flow_run_page_lists_cell_runs_and_artifacts(tmp_path: Path):
         ui = api.removesuffix("/api")
         browser = Browser(tmp_path / "chromium")
         try:
-            browser.open(f"{ui}/runs/flow-run/{run.id}", "Task Runs")
+            browser.open(f"{ui}/runs/flow-run/{run_id}", "Task Runs")
             browser.wait_for("Completed")
             browser.click_tab("Task Runs")
             browser.wait_for("Search by run name")  # the task-run list, not the log lines
@@ -185,7 +191,7 @@ def test_flow_run_page_lists_cell_runs_and_artifacts(tmp_path: Path):
         for name, text in (("task-runs", tasks), ("artifacts", arts), ("summary", summary), ("link", link),
                            ("artifact-list", listing)):
             (OUT / f"ui-{name}.txt").write_text(text)
-        assert run.name in tasks
+        assert run_name in tasks
         cells_listed = set(re.findall(CELL_RUN, tasks))
         assert len(cells_listed) >= 5, tasks[:2000]
         assert "progress-ui-screen" in arts and "cell-ui-screen-" in arts, arts[:2000]
