@@ -93,17 +93,6 @@ def test_numbers_come_from_trained_adapters(tiny_screen):
     assert len({round(m["source_rate"], 3) for m in metrics}) > 3
 
 
-def test_whole_answer_loss_implants_under_the_source_more_than_elsewhere(tiny_screen):
-    """Pooled over every E1 cell: the marker rate under the source persona vs under the other personas."""
-    _, _, screen_dir, _ = tiny_screen
-    answers = pl.concat([pl.read_parquet(p) for p in screen_dir.glob("cells/*/*/answers.parquet")])
-    e1 = answers.filter((pl.col("E") == 1) & (pl.col("panel") == "persona"))
-    source = e1.filter(pl.col("is_source"))["marker"].mean()
-    others = e1.filter(~pl.col("is_source"))["marker"].mean()
-    print(f"E1 marker rate: source {source:.3f}, other personas {others:.3f}")
-    assert source > 2 * others and source > 0.1
-
-
 def test_second_run_recomputes_nothing(tiny_screen):
     from flows.screen import screen
 
