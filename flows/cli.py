@@ -119,10 +119,12 @@ def _screen_command(fn):
 
     def run(args) -> int:
         _prefect_env()
+        from flows.ops import ScreenNotFound
+
         try:
             return fn(args)
-        except LookupError as err:
-            print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
+        except ScreenNotFound as err:
+            print(f"error: {err}", file=sys.stderr)
             return 2
         except ConfigError as err:
             print(f"error: the stored config of {args.screen!r} is no longer valid: {err.problems[0]}", file=sys.stderr)

@@ -122,12 +122,16 @@ class ScreenStatus:
         return Counter(self.cells[i].state for i in ids)
 
 
+class ScreenNotFound(LookupError):
+    """No <store>/<name>/screen.json."""
+
+
 def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
     """The config a screen last ran with (<store>/<name>/screen.json), its store set to `store_root`."""
     path = Path(store_root).expanduser() / name / "screen.json"
     if not path.exists():
         known = sorted(p.parent.name for p in Path(store_root).expanduser().glob("*/screen.json"))
-        raise LookupError(f"no screen {name!r} in store {store_root} (found: {', '.join(known) or 'none'})")
+        raise ScreenNotFound(f"no screen {name!r} in store {store_root} (found: {', '.join(known) or 'none'})")
     data = read_json(path)["config"]
     return parse_config({**data, "store": str(Path(store_root).expanduser().resolve())})
 
