@@ -142,7 +142,7 @@ def prefect_deploy(names: list[str]) -> subprocess.CompletedProcess:
 
 def set_aggregate(client, cron: str | None, store: str | None) -> list[str]:
     """Replace the aggregate deployment's schedule and/or store parameter (flags of `eps-screen deploy`)."""
-    from prefect.client.schemas.actions import DeploymentScheduleCreate, DeploymentUpdate
+    from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.client.schemas.schedules import CronSchedule
 
     done = []

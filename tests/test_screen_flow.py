@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from eps_screen.design import Cell, all_slab_cells

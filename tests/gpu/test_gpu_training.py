@@ -4,7 +4,6 @@ model. Run on the H200 test machine: `python -m pytest tests/gpu -m gpu` (desele
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 

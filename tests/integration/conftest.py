@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,16 +47,20 @@ def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory) -> Iterator[str]:
-    home = tmp_path_factory.mktemp("prefect-server")
+@contextmanager
+def serve(home: Path, **env: str) -> Iterator[tuple[str, Path]]:
+    """`prefect server start` on 127.0.0.1 with extra settings; yields (api url, log path)."""
+    home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    log = open(home / "server.log", "wb")
-    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=quiet_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
+    log_path = home / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=quiet_env(home, PREFECT_UI_API_URL=url, PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",
+                                          **env), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 120
         while True:
             try:
                 if requests.get(f"{url}/health", timeout=2).ok:
@@ -63,9 +68,15 @@ def prefect_server(tmp_path_factory) -> Iterator[str]:
             except requests.RequestException:
                 pass
             if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"prefect server did not start; see {home / 'server.log'}")
+                raise RuntimeError(f"prefect server did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield url, log_path
     finally:
         stop(proc)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory) -> Iterator[str]:
+    with serve(tmp_path_factory.mktemp("prefect-server")) as (url, _log):
+        yield url

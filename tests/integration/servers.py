@@ -11,45 +11,15 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import requests
 
 from tests.integration.conftest import PREFECT, ROOT, free_port, quiet_env, stop
+from tests.integration.conftest import serve as prefect_server  # noqa: F401  (re-exported for the ops tests)
 
 EPS_SCREEN = str(Path(PREFECT).parent / "eps-screen")
-
-
-@contextmanager
-def prefect_server(home: Path, **env: str) -> Iterator[tuple[str, Path]]:
-    """`prefect server start` on 127.0.0.1 with extra settings; yields (api url, log path)."""
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    log_path = home / "server.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=quiet_env(home, PREFECT_UI_API_URL=url, PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",
-                                          **env), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"prefect server did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
-        yield url, log_path
-    finally:
-        stop(proc)
-        log.close()
 
 
 def client_env(home: Path, api: str, **extra: str) -> dict[str, str]:
