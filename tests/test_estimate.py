@@ -28,9 +28,9 @@ def test_qwen7b_estimate_cites_its_figures():
 
 
 def test_levers_and_sources_move_the_estimate():
-    base = estimate(_qwen())
+    base = estimate(_qwen(compile=False))
     compiled = estimate(_qwen(compile=True))
-    checkpointed = estimate(_qwen(gradient_checkpointing=True))
+    checkpointed = estimate(_qwen(compile=False, gradient_checkpointing=True))
     assert compiled.hours["train"] < base.hours["train"] < checkpointed.hours["train"]
     config = _qwen()
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
