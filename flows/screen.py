@@ -1,8 +1,9 @@
 """The screen: phases 0-4 of SPEC.md, read top to bottom. Gates end the run in a state named "Killed".
 
-Cells run in this process (pool 'inprocess', one at a time: they share the loaded base model) or as runs
-of the `cell` deployment on a GPU work pool (tasks/dispatch.py: resubmits crashed runs, enforces the
-spend cap). Either way every finished cell is in the store, so running the screen again resumes it.
+Cells run here (pool 'inprocess': in this process, or on `execution.max_parallel_cells` worker processes that
+each keep one base model loaded) or as runs of the `cell` deployment on a GPU work pool (tasks/dispatch.py:
+resubmits crashed runs, enforces the spend cap). Either way every finished cell is in the store, so running
+the screen again resumes it; gate decisions read the store, not the runs' return values.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from prefect import flow, get_run_logger
-from prefect.futures import as_completed
-from prefect.task_runners import ProcessPoolTaskRunner
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
 from prefect.states import Completed, Failed
+from prefect.task_runners import ProcessPoolTaskRunner
 
 from eps_screen import design, gates
 from eps_screen.config import ScreenConfig
@@ -69,7 +70,8 @@ def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> di
             name=gates.GATE_NAMES[5], number=5, fired=True, reason=str(stop),
             numbers={"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)},
         )
-        raise Stopped(killed(ResultStore.for_config(config), outcome)) from None
+        ResultStore.for_config(config).save_gate(outcome.model_dump(mode="json"))
+        raise Stopped(killed(outcome)) from None
     except DispatchStopped as stop:
         progress.advance(list(stop.summaries))
         failed = "; ".join(f"{c}: {m}" for c, m in list(getattr(stop, "failed", {}).items())[:5])
@@ -109,8 +111,7 @@ def cell_processes(config: ScreenConfig):
         yield pool
 
 
-def killed(store: ResultStore, outcome: gates.GateOutcome):
-    store.save_gate(outcome.model_dump(mode="json"))
+def killed(outcome: gates.GateOutcome):
     return Failed(name=KILLED, message=f"kill criterion {outcome.number} ({outcome.name}): {outcome.reason}")
 
 
@@ -135,15 +136,20 @@ def _phases(config: ScreenConfig, pool):
     contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"])
     store.save_gate(contamination.model_dump(mode="json"))
     if contamination.fired:
-        return killed(store, contamination)
+        return killed(contamination)
 
     # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
-    smoke = run_cells(config, design.smoke_cells(config), progress, pool)
-    verdict = gates.smoke([m["source_rate"] for m in smoke.values()], config.gates.smoke_floor, config.gates.smoke_ceiling)
+    smoke_cells = design.smoke_cells(config)
+    smoke = run_cells(config, smoke_cells, progress, pool)
+    missing = [c.id for c in smoke_cells if not store.is_finished(config, c)]
+    if missing:  # a GPU pool that writes to a store this flow cannot read
+        return Failed(message=f"smoke cells ran but are not in the store {store.dir}: {missing}")
+    rates = [store.cell_metrics(config, c)["source_rate"] for c in smoke_cells]
+    verdict = gates.smoke(rates, config.gates.smoke_floor, config.gates.smoke_ceiling)
     store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
     store.save_gate(verdict.model_dump(mode="json"))
     if verdict.fired:
-        return killed(store, verdict)
+        return killed(verdict)
 
     # Phase 2: all 32 cells of every source at the primary seed (the smoke cells are found finished).
     for source in config.sources:
