@@ -305,6 +305,9 @@ class FakeRunPod:
         with self._lock:
             pod = self.pods.get(pod_id)
             if pod is None or pod.account != account:
+                # A client that terminates a pod already gone has noticed that it is gone: the tests time it.
+                self.events.append({"event": "terminate_missing", "pod_id": pod_id, "account": account,
+                                    "t": time.time()})
                 raise GraphQLError(f"Pod {pod_id} not found")
             self._kill(pod)
             del self.pods[pod_id]

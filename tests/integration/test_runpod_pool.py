@@ -198,16 +198,25 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
             stop(worker)
         fake.stop()
 
-    # detection time of each vanished pod: vanish event -> the run's Crashed state
+    # Detection, two clocks. The worker's: vanish event -> its terminate call for the pod that is gone; this is
+    # what the poll interval bounds. The run's: vanish -> the Crashed state's timestamp; it also includes
+    # Prefect API calls, which a loaded 2-core box can hold for up to the SQLite lock timeout (60 s).
     by_id = {str(r.id): r for r in runs}
-    detections = []
+    noticed = {}
+    for event in fake.events_of("terminate_missing"):
+        noticed.setdefault(event["pod_id"], event["t"])
+    detections, crashed_after = [], []
     for event in fake.events_of("vanished"):
         run = by_id.get(event["name"].removeprefix("prefect-eps-"))
-        if run is not None and run.state.is_crashed():
-            detections.append(run.state.timestamp.timestamp() - event["t"])
+        if run is None or not run.state.is_crashed():
+            continue
+        assert event["pod_id"] in noticed, f"the worker never acted on vanished pod {event['pod_id']}"
+        detections.append(noticed[event["pod_id"]] - event["t"])
+        crashed_after.append(run.state.timestamp.timestamp() - event["t"])
     vanished = len(fake.events_of("vanished"))
     created = len(fake.events_of("created"))
-    assert detections and max(detections) < 60
+    assert detections and max(detections) < 3 * POLL_S + 10, detections
+    assert max(crashed_after) < 180, crashed_after
     if N_CELLS >= 30:  # the bar: >= 20% of pods vanish after RUNNING
         assert vanished >= 0.2 * created
     states = Counter(r.state.name for r in runs)
@@ -234,6 +243,8 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         "resubmissions": len(runs) - N_CELLS - 3,
         "vanish_detection_s": {"n": len(detections), "median": round(statistics.median(detections), 2),
                                "max": round(max(detections), 2)},
+        "vanish_to_crashed_state_s": {"median": round(statistics.median(crashed_after), 2),
+                                      "max": round(max(crashed_after), 2)},
         "cells_computed_once": sum(1 for v in computed.values() if v == 1),
         "finished_cells_redone": sum(v - 1 for v in computed.values()),
         "pods_left_running": 0, "dispatch_s": round(dispatch_s, 1), "total_s": round(time.time() - t0, 1),
