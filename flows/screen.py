@@ -63,7 +63,8 @@ def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> di
 
     budget = make_plan(config).estimate.get("cost_usd")
     try:
-        results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget)
+        results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget,
+                                 on_done=lambda cell_id: progress.advance([cell_id]))
     except CostOverrun as stop:
         progress.advance(list(stop.summaries))
         outcome = gates.GateOutcome(

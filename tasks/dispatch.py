@@ -27,6 +27,7 @@ import hashlib
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -96,18 +97,22 @@ class _Ledger:
 
 def dispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
                    *, poll_s: float = 5.0, key_prefix: str | None = None,
-                   cancel_wait_s: float = 60.0) -> dict[str, dict]:
+                   cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None) -> dict[str, dict]:
     """Blocking wrapper around `adispatch_cells` (usable from a sync flow)."""
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     return run_coro_as_sync(adispatch_cells(config, cell_ids, deployment, budget_usd, poll_s=poll_s,
-                                            key_prefix=key_prefix, cancel_wait_s=cancel_wait_s))
+                                            key_prefix=key_prefix, cancel_wait_s=cancel_wait_s, on_done=on_done))
 
 
 async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
                           *, poll_s: float = 5.0, key_prefix: str | None = None,
-                          cancel_wait_s: float = 60.0) -> dict[str, dict]:
+                          cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None
+                          ) -> dict[str, dict]:
     """Run every cell to completion on `deployment`; returns {cell_id: the cell flow's summary}.
+
+    `on_done(cell_id)` is called (in a thread: it may call Prefect's sync client) as each cell completes, so the
+    screen's progress artifact moves per cell rather than per phase.
 
     Raises CostOverrun (kill criterion 5) or CellsFailed; both carry `.summaries` of the completed cells.
     """
@@ -173,6 +178,8 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                 del in_flight[cell.cell_id]
                 if state.is_completed():
                     done[cell.cell_id] = await _summary(state, cell, logger)
+                    if on_done is not None:
+                        await anyio.to_thread.run_sync(on_done, cell.cell_id)
                 elif _resubmittable(state) and cell.attempt < ex.crash_resubmits:
                     cell.attempt += 1
                     backoff = ex.resubmit_backoff_s * 2 ** (cell.attempt - 1)

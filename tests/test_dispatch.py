@@ -108,7 +108,7 @@ class Executor:
 LAST: list[Executor] = [None]  # type: ignore[list-item]  # the latest Executor, for tests whose dispatch raises
 
 
-def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, **execution):
+def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None, **execution):
     executor = LAST[0] = Executor(harness, script, cost_usd)
 
     async def main():
@@ -116,7 +116,8 @@ def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, **execution)
             tg.start_soon(executor.loop)
             try:
                 return await adispatch_cells(screen_config(**execution), cells, DEPLOYMENT, budget_usd,
-                                             poll_s=0.2, key_prefix=f"k{time.time_ns()}", cancel_wait_s=10)
+                                             poll_s=0.2, key_prefix=f"k{time.time_ns()}", cancel_wait_s=10,
+                                             on_done=on_done)
             finally:
                 tg.cancel_scope.cancel()
 
@@ -128,9 +129,14 @@ def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, **execution)
 
 def test_all_complete_and_parallelism_is_bounded(harness):
     cells = [f"c{i}" for i in range(7)]
-    out, ex = dispatch(harness, lambda c, a: "complete", cells, max_parallel_cells=2)
+    reported: list[tuple[str, int]] = []  # (cell, how many cells the dispatcher had finished by then)
+    out, ex = dispatch(harness, lambda c, a: "complete", cells, max_parallel_cells=2,
+                       on_done=lambda c: reported.append((c, sum(1 for s in LAST[0].seen if s[2] == "complete"))))
     assert sorted(out) == cells and all(out[c]["cell_id"] == c for c in cells)
     assert len(ex.seen) == 7
+    # one report per cell, as it completes: the screen's progress artifact moves per cell on GPU pools
+    assert sorted(c for c, _ in reported) == cells
+    assert [n for _, n in reported][0] < 7
 
 
 def test_crashes_are_resubmitted_with_backoff_and_completed_cells_never_rerun(harness):
