@@ -257,7 +257,40 @@ class ScreenConfig(_Strict):
     simulation: SimulationConfig = SimulationConfig()
     execution: ExecutionConfig = ExecutionConfig()
     estimate: EstimateConfig = EstimateConfig()
-    store: NonEmpty = Field("results", description="Result store: a local directory or an fsspec URL.")
+    store: NonEmpty = Field(
+        "results", description="Result store: a local directory or an fsspec URL (s3://bucket/prefix) that every machine reaches."
+    )
+    store_cache: NonEmpty | None = Field(
+        None,
+        description="URL store: this machine's mirror of it (default $EPS_SCREEN_CACHE/stores/<hash of the URL>, else ~/.cache/eps-screen/stores/...).",
+    )
+    store_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="URL store: non-secret fsspec options, e.g. {endpoint_url: https://..., client_kwargs: {region_name: auto}}. Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).",
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _store_usable(cls, store: str) -> str:
+        from eps_screen.remote import is_url, scheme_problem
+
+        problem = scheme_problem(store) if is_url(store) else None
+        if problem:
+            raise ValueError(problem)
+        return store
+
+    @field_validator("store_options")
+    @classmethod
+    def _no_secrets(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from eps_screen.remote import secret_options
+
+        secrets = secret_options(options)
+        if secrets:
+            raise ValueError(
+                f"{', '.join(secrets)} looks like a credential; credentials never go in the config: remove it and set"
+                " them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+            )
+        return options
 
     @field_validator("sources")
     @classmethod

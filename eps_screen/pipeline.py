@@ -17,7 +17,7 @@ from eps_screen.design import Cell, Regime
 from eps_screen.generation import GenerationParams, Generator, make_generator
 from eps_screen.provenance import provenance
 from eps_screen.scoring import answers_table, cell_rates
-from eps_screen.store import ResultStore, cell_key, read_json, regime_key, write_json
+from eps_screen.store import ResultStore, cell_key, regime_key
 
 _GENERATORS: dict[tuple[str, str], Generator] = {}
 
@@ -143,10 +143,10 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
 
 def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
     """The base model, no adapter, on the eval panel under every prompt condition (A, B, C)."""
-    path = store.phase_path("pre_screen")
     key = cell_key(config, Cell("base", (0, 0, 0, 0, 0), config.seeds.primary))
-    if path.exists() and read_json(path).get("key") == key:
-        return read_json(path)
+    done = store.phase("pre_screen")
+    if done is not None and done.get("key") == key:
+        return done
     frames = []
     for a, b, c in itertools.product((0, 1), repeat=3):
         base_cell = {"cell_id": f"base-A{a}B{b}C{c}", "source": None, "seed": config.seeds.primary}
@@ -170,7 +170,5 @@ def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
         "config": config.model_dump(mode="json"),
         "provenance": provenance(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    answers.write_parquet(path.with_suffix(".parquet"))
-    write_json(path, result)
+    store.save_phase("pre_screen", result, answers)
     return result

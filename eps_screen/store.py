@@ -10,6 +10,15 @@
 A key hashes everything that determines the artifact (the relevant config fields, the cell, the code's
 pipeline version), so a re-run on any machine finds finished work, and a changed recipe never reuses it.
 Writes are atomic (temp file + rename): a crash never leaves a half-written "finished" marker.
+
+A store at a URL (`store: s3://bucket/prefix`, `eps_screen/remote.py`) is mirrored: every caller still works on
+the local directory `dir` (a cache, `store_cache`), and the methods below move files between it and the URL, so
+RunPod pods and the screen's own process share one store. Reads look in the cache first and fetch what is
+missing (never the adapters: only metrics, answers and the small JSON files). A directory is pushed with its
+marker (metrics.json, meta.json) last, so a half-pushed cell is never "finished" remotely; the local marker is
+written only once the remote one is, so the local cache never claims more than the URL has, and a failed push
+waits staged in the cache to be completed by the next check instead of recomputing the cell (a GPU cell costs
+minutes, an upload retry seconds). Gates and phases are pulled before every read: another process writes them.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import polars as pl
 import eps_screen
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
+from eps_screen.remote import Remote, default_cache, is_url
 
 # Config sections that change what a cell's adapter and answers are. Gates, bootstrap, execution, name and
 # store do not, so changing them never recomputes a cell.
@@ -78,32 +88,92 @@ def read_json(path: Path) -> dict:
 
 
 class ResultStore:
-    def __init__(self, root: str | Path, screen: str):
-        if "://" in str(root) and not str(root).startswith("file://"):
-            raise ValueError(f"store {root!r}: only local paths (or file://) are supported so far")
-        self.root = Path(str(root).removeprefix("file://")).expanduser().resolve()
+    def __init__(self, root: str | Path, screen: str, cache: str | Path | None = None, options: dict | None = None):
+        root = str(root)
+        self.url = root.rstrip("/") if is_url(root) else None
+        self.remote = Remote(self.url, options) if self.url else None
+        local = (cache or default_cache(self.url)) if self.url else root.removeprefix("file://")
+        self.root = Path(local).expanduser().resolve()
         self.screen = screen
         self.dir = self.root / screen
 
     @classmethod
     def for_config(cls, config: ScreenConfig) -> ResultStore:
-        return cls(config.store, config.name)
+        return cls(config.store, config.name, config.store_cache, config.store_options)
+
+    @property
+    def location(self) -> str:
+        """The screen's place, the same on every machine: <URL>/<screen> for a remote store, else `dir`."""
+        return f"{self.url}/{self.screen}" if self.url else str(self.dir)
 
     def check_writable(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         probe = self.dir / f".probe-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
+        if self.remote:
+            self.probe_remote()
+
+    def probe_remote(self) -> None:
+        """Write, read back and delete an object at the URL; raises what the filesystem raises."""
+        rel, token = f"{self.screen}/.probe-{os.getpid()}", os.urandom(8).hex().encode()
+        self.remote.write(rel, token)
+        try:
+            if self.remote.read(rel) != token:
+                raise OSError(f"{self.url}: the probe object read back differs from what was written")
+        finally:
+            self.remote.delete(rel)
+
+    # --- moving files between the cache and the URL ----------------------------------------------------
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def _fetch(self, path: Path) -> bool:
+        """Whether the file is here, fetching it from the URL when it is only there."""
+        return path.exists() or (self.remote is not None and self.remote.get(self._rel(path), path))
+
+    def _refresh(self, path: Path) -> None:
+        """The URL's version of a file that other processes rewrite (gates, phases), when it has one."""
+        if self.remote:
+            self.remote.get(self._rel(path), path)
+
+    def _push(self, path: Path) -> None:
+        if self.remote:
+            self.remote.put(path, self._rel(path))
+
+    def _complete(self, d: Path, marker: str, data: dict) -> None:
+        """Mark directory d complete: marker last, locally only after remotely (module docstring)."""
+        if self.remote is None:
+            write_json(d / marker, data)
+            return
+        write_json(d / f".{marker}.unpushed", data)
+        self._push_staged(d, marker)
+
+    def _push_staged(self, d: Path, marker: str) -> None:
+        staged = d / f".{marker}.unpushed"
+        self.remote.put_tree(d, self._rel(d), skip=(marker,))
+        self.remote.put(staged, self._rel(d / marker))
+        os.replace(staged, d / marker)
+
+    def _is_complete(self, d: Path, marker: str) -> bool:
+        if (d / marker).exists():
+            return True
+        if self.remote is None:
+            return False
+        if (d / f".{marker}.unpushed").exists():  # computed here, push interrupted: finish it
+            self._push_staged(d, marker)
+            return True
+        return self.remote.get(self._rel(d / marker), d / marker)
 
     # --- regimes -------------------------------------------------------------------------------------
     def regime_dir(self, config: ScreenConfig, regime: Regime) -> Path:
         return self.dir / "regimes" / regime.id / regime_key(config, regime)
 
     def regime_answers(self, config: ScreenConfig, regime: Regime) -> list[dict] | None:
-        path = self.regime_dir(config, regime) / "answers.jsonl"
-        if not (path.parent / "meta.json").exists():
+        d = self.regime_dir(config, regime)
+        if not self._is_complete(d, "meta.json") or not self._fetch(d / "answers.jsonl"):
             return None
-        return [json.loads(line) for line in path.read_text().splitlines() if line]
+        return [json.loads(line) for line in (d / "answers.jsonl").read_text().splitlines() if line]
 
     def save_regime(self, config: ScreenConfig, regime: Regime, answers: list[dict], meta: dict) -> Path:
         d = self.regime_dir(config, regime)
@@ -112,7 +182,7 @@ class ResultStore:
         with os.fdopen(fd, "w") as f:
             f.writelines(json.dumps(a) + "\n" for a in answers)
         os.replace(tmp, d / "answers.jsonl")
-        write_json(d / "meta.json", meta)  # last: its presence means the regime is complete
+        self._complete(d, "meta.json", meta)  # last: its presence means the regime is complete
         return d
 
     # --- cells ---------------------------------------------------------------------------------------
@@ -120,11 +190,11 @@ class ResultStore:
         return self.dir / "cells" / cell.id / cell_key(config, cell)
 
     def cell_metrics(self, config: ScreenConfig, cell: Cell) -> dict | None:
-        path = self.cell_dir(config, cell) / "metrics.json"
-        return read_json(path) if path.exists() else None
+        d = self.cell_dir(config, cell)
+        return read_json(d / "metrics.json") if self._is_complete(d, "metrics.json") else None
 
     def is_finished(self, config: ScreenConfig, cell: Cell) -> bool:
-        return (self.cell_dir(config, cell) / "metrics.json").exists()
+        return self._is_complete(self.cell_dir(config, cell), "metrics.json")
 
     def save_cell(self, config: ScreenConfig, cell: Cell, answers: pl.DataFrame, metrics: dict) -> Path:
         d = self.cell_dir(config, cell)
@@ -132,36 +202,87 @@ class ResultStore:
         tmp = d / ".answers.parquet.tmp"
         answers.write_parquet(tmp)
         os.replace(tmp, d / "answers.parquet")
-        write_json(d / "metrics.json", metrics)  # last: its presence means the cell is finished
+        self._complete(d, "metrics.json", metrics)  # last: its presence means the cell is finished
         return d
 
     def finished(self, config: ScreenConfig, cells: list[Cell]) -> list[Cell]:
         return [c for c in cells if self.is_finished(config, c)]
 
+    def finished_count(self) -> int:
+        """Finished cells of any key: a listing, not a check per cell (progress bars poll it)."""
+        pattern = "cells/*/*/metrics.json"
+        if self.remote:
+            return len(self.remote.glob(f"{self.screen}/{pattern}"))
+        return sum(1 for _ in self.dir.glob(pattern))
+
     def load_answers(self, config: ScreenConfig, cells: list[Cell]) -> pl.DataFrame | None:
-        frames = [pl.read_parquet(self.cell_dir(config, c) / "answers.parquet") for c in self.finished(config, cells)]
+        paths = [self.cell_dir(config, c) / "answers.parquet" for c in self.finished(config, cells)]
+        frames = [pl.read_parquet(p) for p in paths if self._fetch(p)]
         return pl.concat(frames) if frames else None
 
-    # --- phases, gates and report --------------------------------------------------------------------
+    # --- the screen, phases, gates and report --------------------------------------------------------
+    def save_screen(self, data: dict) -> None:
+        """screen.json: the config and provenance of the latest run (what status, retry and report read)."""
+        write_json(self.dir / "screen.json", data)
+        self._push(self.dir / "screen.json")
+
     def phase_path(self, name: str) -> Path:
         return self.dir / "phases" / f"{name}.json"
 
-    def save_phase(self, name: str, data: dict) -> Path:
+    def phase(self, name: str) -> dict | None:
         path = self.phase_path(name)
+        self._refresh(path)
+        return read_json(path) if path.exists() else None
+
+    def save_phase(self, name: str, data: dict, answers: pl.DataFrame | None = None) -> Path:
+        """The phase's record, and its answers (as <name>.parquet) when given; the JSON last."""
+        path = self.phase_path(name)
+        if answers is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            answers.write_parquet(path.with_suffix(".parquet"))
+            self._push(path.with_suffix(".parquet"))
         write_json(path, data)
+        self._push(path)
         return path
 
     def save_gate(self, outcome: dict) -> None:
         """Gate outcomes by number; the latest evaluation of a gate replaces the earlier one."""
-        path = self.phase_path("gates")
-        gates = read_json(path) if path.exists() else {}
+        gates = self.phase("gates") or {}
         gates[str(outcome["number"])] = outcome
-        write_json(path, gates)
+        self.save_phase("gates", gates)
 
     def gates(self) -> list[dict]:
-        path = self.phase_path("gates")
-        return list(read_json(path).values()) if path.exists() else []
+        return list((self.phase("gates") or {}).values())
 
     @property
     def report_dir(self) -> Path:
         return self.dir / "report"
+
+    def push_report(self) -> None:
+        if self.remote:
+            self.remote.put_tree(self.report_dir, self._rel(self.report_dir))
+
+    def mtimes(self, pattern: str) -> dict[str, float]:
+        """Modification times (epoch seconds) of the screen's files matching a glob, at the URL if remote."""
+        if self.remote:
+            paths = self.remote.glob(f"{self.screen}/{pattern}")
+            return {p.removeprefix(f"{self.screen}/"): self.remote.modified(p) for p in paths}
+        return {p.relative_to(self.dir).as_posix(): p.stat().st_mtime for p in self.dir.glob(pattern)}
+
+
+def screen_names(root: str | Path) -> list[str]:
+    """The screens of a store (those with a screen.json), local or at a URL (options from the environment)."""
+    if is_url(str(root)):
+        return [p.split("/")[0] for p in Remote(str(root)).glob("*/screen.json")]
+    return sorted(p.parent.name for p in Path(str(root).removeprefix("file://")).expanduser().glob("*/screen.json"))
+
+
+def read_screen(root: str | Path, name: str) -> dict | None:
+    """<root>/<name>/screen.json, local or at a URL; None if there is none."""
+    if is_url(str(root)):
+        try:
+            return json.loads(Remote(str(root)).read(f"{name}/screen.json"))
+        except FileNotFoundError:
+            return None
+    path = Path(str(root).removeprefix("file://")).expanduser() / name / "screen.json"
+    return read_json(path) if path.exists() else None

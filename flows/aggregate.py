@@ -8,9 +8,10 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from eps_screen.aggregate import aggregate as aggregate_results
-from eps_screen.config import ScreenConfig, parse_config
+from eps_screen.config import ScreenConfig
 from eps_screen.plan import expected_cells
-from eps_screen.store import ResultStore, read_json
+from eps_screen.store import ResultStore, screen_names
+from flows.ops import load_screen
 from tasks.cells import artifact_key
 
 
@@ -55,6 +56,7 @@ def aggregate(config: ScreenConfig) -> dict:
     )
     for gate in result.metrics.gates:
         store.save_gate(gate.model_dump(mode="json"))
+    store.push_report()
     return {
         "report": str(report),
         "partial": result.partial,
@@ -63,26 +65,27 @@ def aggregate(config: ScreenConfig) -> dict:
     }
 
 
-def screens_in(store_root: str | Path) -> list[Path]:
-    return sorted(p.parent for p in Path(store_root).expanduser().glob("*/screen.json"))
+def screens_in(store_root: str | Path) -> list[str]:
+    """Names of the screens in a store (a directory or a URL)."""
+    return screen_names(store_root)
 
 
-def _stale(screen_dir: Path) -> bool:
+def _stale(store: ResultStore) -> bool:
     """New results since the last report: any metrics.json newer than aggregate_metrics.json."""
-    report = screen_dir / "report" / "aggregate_metrics.json"
-    if not report.exists():
+    report = store.mtimes("report/aggregate_metrics.json")
+    if not report:
         return True
-    made = report.stat().st_mtime
-    return any(m.stat().st_mtime > made for m in screen_dir.glob("cells/*/*/metrics.json"))
+    made = max(report.values())
+    return any(t > made for t in store.mtimes("cells/*/*/metrics.json").values())
 
 
 @flow(name="aggregate-all", log_prints=True)
 def aggregate_all(store: str = "results") -> dict:
     """The scheduled job: re-aggregate every screen in the store that has results newer than its report."""
     done = {}
-    for screen_dir in screens_in(store):
-        if _stale(screen_dir):
-            config = parse_config({**read_json(screen_dir / "screen.json")["config"], "store": str(screen_dir.parent)})
+    for name in screens_in(store):
+        config = load_screen(store, name)
+        if _stale(ResultStore.for_config(config)):
             done[config.name] = aggregate(config)["report"]
     print(f"re-aggregated {len(done)} screen(s): {sorted(done)}")
     return done

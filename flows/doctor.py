@@ -1,9 +1,10 @@
 """`eps-screen doctor [CONFIG]`: preflight checks before anything is rented, one line each.
 
-Checks, in order: the config is valid; the result store is writable (and reachable by the pool's cells); the
-Prefect API answers; the pool exists with a worker online; the cell deployment exists; the pool has the
-credentials it needs. A check that cannot run because an earlier one failed is reported as skipped. Exit 1 if
-any check failed; no traceback ever reaches the terminal (each check's exception becomes its line).
+Checks, in order: the config is valid; the result store is writable (a URL store: an object written, read back
+and deleted there) and reachable by the pool's cells (RunPod pods need a URL store); the Prefect API answers;
+the pool exists with a worker online; the cell deployment exists; the pool has the credentials it needs. A
+check that cannot run because an earlier one failed is reported as skipped. Exit 1 if any check failed; no
+traceback ever reaches the terminal (each check's exception becomes its line).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ class Doctor:
     def check_store(self) -> str:
         cfg = self._need_config()
         store = ResultStore.for_config(cfg)
+        if store.remote:
+            try:
+                store.probe_remote()
+            except Exception as err:  # noqa: BLE001 - whatever the filesystem raises becomes one line with a fix
+                raise ConnectionError(f"{store.location} is not writable: {remote_problem(err)}") from None
+            return f"{store.location} is writable and readable (cache {store.dir})"
         # Probe the nearest directory that exists, so that a check creates nothing.
         probe_dir = next(p for p in (store.dir, *store.dir.parents) if p.exists())
         try:
@@ -69,7 +76,7 @@ class Doctor:
             raise OSError(f"{store.dir} is not writable ({err.strerror or type(err).__name__} at {probe_dir})") from None
         if cfg.execution.pool == "runpod-gpu":
             raise ValueError(f"{store.dir} is a local directory: RunPod pods write their cells to their own disk, "
-                             "so this screen would never see them; it needs a store both can reach")
+                             "so this screen would never see them; set store to a URL both reach (s3://bucket/prefix)")
         return f"{store.dir} is writable"
 
     def check_api(self) -> str:
@@ -190,6 +197,22 @@ class Doctor:
                 detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 results.append(Check(name, False, detail))
         return results
+
+
+def remote_problem(err: Exception) -> str:
+    """What went wrong at a store URL and the likely fix, in one line (never a credential: only names)."""
+    name = type(err).__name__
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    if name in {"NoCredentialsError", "PartialCredentialsError"}:
+        return "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in this environment"
+    if isinstance(err, FileNotFoundError):
+        return f"the bucket does not exist ({first}): create it or fix the URL"
+    if isinstance(err, PermissionError):
+        return f"access denied ({first}): check the credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and their permissions"
+    if "Connect" in name or "Endpoint" in name or isinstance(err, ConnectionError | TimeoutError):
+        return (f"the endpoint is not reachable ({first}): check store_options.endpoint_url or AWS_ENDPOINT_URL "
+                "(R2, MinIO and RunPod volumes need one)")
+    return f"{name}: {first}"
 
 
 def job_values(pool, deployment) -> dict:

@@ -19,7 +19,8 @@ from typing import Any
 
 from eps_screen.config import ScreenConfig, parse_config
 from eps_screen.plan import make_plan, phase_cells
-from eps_screen.store import ResultStore, read_json
+from eps_screen.remote import is_url
+from eps_screen.store import ResultStore, read_screen, screen_names
 
 SCREEN_DEPLOYMENT = "screen/screen"
 _RUNNING = {"RUNNING", "PENDING", "CANCELLING"}
@@ -127,13 +128,15 @@ class ScreenNotFound(LookupError):
 
 
 def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
-    """The config a screen last ran with (<store>/<name>/screen.json), its store set to `store_root`."""
-    path = Path(store_root).expanduser() / name / "screen.json"
-    if not path.exists():
-        known = sorted(p.parent.name for p in Path(store_root).expanduser().glob("*/screen.json"))
+    """The config a screen last ran with (<store>/<name>/screen.json), its store set to `store_root` (a directory
+    or a URL). A URL store's cache is this machine's default one: the recorded one is the other machine's."""
+    saved = read_screen(store_root, name)
+    if saved is None:
+        known = screen_names(store_root)
         raise ScreenNotFound(f"no screen {name!r} in store {store_root} (found: {', '.join(known) or 'none'})")
-    data = read_json(path)["config"]
-    return parse_config({**data, "store": str(Path(store_root).expanduser().resolve())})
+    root = str(store_root)
+    store = root if is_url(root) else str(Path(root.removeprefix("file://")).expanduser().resolve())
+    return parse_config({**saved["config"], "store": store, "store_cache": None})
 
 
 def store_status(config: ScreenConfig) -> ScreenStatus:
@@ -310,7 +313,7 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
 
 # --- running a screen, with a progress bar -----------------------------------------------------------------------
 def finished_count(config: ScreenConfig) -> int:
-    return sum(1 for _ in ResultStore.for_config(config).dir.glob("cells/*/*/metrics.json"))
+    return ResultStore.for_config(config).finished_count()
 
 
 class StoreProgress:

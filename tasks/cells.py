@@ -22,12 +22,12 @@ def _cell_cache_key(_ctx, params) -> str | None:
     store, cell = ResultStore.for_config(config), Cell.parse(params["cell_id"])
     if not store.is_finished(config, cell):
         return None  # nothing to reuse: compute it, even if Prefect remembers a result for a cell since deleted
-    return f"cell-{store.dir}-{cell_key(config, cell)}"
+    return f"cell-{store.location}-{cell_key(config, cell)}"
 
 
 def _regime_cache_key(_ctx, params) -> str:
     config: ScreenConfig = params["config"]
-    return f"regime-{ResultStore.for_config(config).dir}-{regime_key(config, params['regime'])}"
+    return f"regime-{ResultStore.for_config(config).location}-{regime_key(config, params['regime'])}"
 
 
 def artifact_key(text: str) -> str:

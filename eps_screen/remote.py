@@ -1,0 +1,112 @@
+"""The remote side of a result store at an fsspec URL (s3://bucket/prefix on AWS S3, Cloudflare R2, RunPod's
+S3-compatible volume API, MinIO, ...). `ResultStore` mirrors it into a local cache directory; this module only
+moves files between the two.
+
+Credentials come from the environment the filesystem library reads itself (for S3: AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION); the config carries only non-secret options
+(`store_options`, e.g. endpoint_url), so no config, log line or Prefect parameter ever holds a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import fsspec
+from fsspec.registry import known_implementations
+
+# Words in an option name that mean a credential: those belong in the environment, never in the config.
+SECRET_WORDS = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
+
+
+def is_url(store: str) -> bool:
+    """A remote store: a URL other than file:// (which is a local directory)."""
+    return "://" in store and not store.startswith("file://")
+
+
+def scheme_problem(url: str) -> str | None:
+    """Why this URL's filesystem cannot be used here (unknown scheme, library not installed), or None."""
+    scheme = url.split("://", 1)[0]
+    impl = known_implementations.get(scheme)
+    if impl is None:
+        return f"unknown URL scheme {scheme + '://'!r}; use a local directory or an fsspec URL such as s3://bucket/prefix"
+    package = impl["class"].split(".", 1)[0]
+    if importlib.util.find_spec(package) is None:
+        return f"{scheme}:// needs the {package} package, which is not installed: pip install {package}"
+    return None
+
+
+def secret_options(options: dict, prefix: str = "") -> list[str]:
+    """Dotted names of options (at any depth) that look like credentials."""
+    found = []
+    for name, value in options.items():
+        path = f"{prefix}{name}"
+        if SECRET_WORDS.search(str(name)):
+            found.append(path)
+        elif isinstance(value, dict):
+            found += secret_options(value, f"{path}.")
+    return found
+
+
+def default_cache(url: str) -> Path:
+    """Where a URL store is mirrored when the config names no store_cache: one directory per URL."""
+    base = Path(os.environ.get("EPS_SCREEN_CACHE") or Path.home() / ".cache" / "eps-screen").expanduser()
+    return base / "stores" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+
+
+class Remote:
+    """Files under one URL, addressed by paths relative to it ("screen/cells/<id>/<key>/metrics.json")."""
+
+    def __init__(self, url: str, options: dict | None = None):
+        self.url = url.rstrip("/")
+        # No listings cache: another machine adds files at any time, and a cached listing would hide them.
+        self.fs, self.base = fsspec.core.url_to_fs(self.url, use_listings_cache=False, **(options or {}))
+
+    def _path(self, rel: str) -> str:
+        return f"{self.base}/{rel}"
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self._path(rel))
+
+    def read(self, rel: str) -> bytes:
+        return self.fs.cat_file(self._path(rel))
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(rel), data)
+
+    def delete(self, rel: str) -> None:
+        self.fs.rm_file(self._path(rel))
+
+    def get(self, rel: str, local: Path) -> bool:
+        """Download to `local` (atomically: a reader never sees half a file); False if there is no such file."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.pull-{os.getpid()}")
+        try:
+            self.fs.get_file(self._path(rel), str(tmp))
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            return False
+        os.replace(tmp, local)
+        return True
+
+    def put(self, local: Path, rel: str) -> None:
+        self.fs.put_file(str(local), self._path(rel))
+
+    def put_tree(self, local_dir: Path, rel: str, skip: tuple[str, ...] = ()) -> None:
+        """Every file under local_dir except hidden (temporary) ones and the names in `skip`."""
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            parts = path.relative_to(local_dir).parts
+            if any(part.startswith(".") for part in parts) or str(path.relative_to(local_dir)) in skip:
+                continue
+            self.put(path, f"{rel}/{'/'.join(parts)}")
+
+    def glob(self, pattern: str) -> list[str]:
+        """Relative paths matching a glob relative to the URL."""
+        prefix = f"{self.base}/"
+        return sorted(p.removeprefix(prefix) for p in self.fs.glob(self._path(pattern)))
+
+    def modified(self, rel: str) -> float:
+        return self.fs.modified(self._path(rel)).timestamp()
