@@ -175,7 +175,8 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="validate, then run the screen (Prefect; temporary server when no PREFECT_API_URL)")
     r.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG))
-    r.add_argument("--store", help="result store directory (overrides the config's store)")
+    r.add_argument("--store", help="result store, a directory or a URL such as s3://bucket/prefix (overrides the "
+                                   "config's store)")
     r.add_argument("--submit", action="store_true",
                    help="run it as a run of the `screen` deployment (cpu pool worker) instead of in this process")
     r.add_argument("--no-watch", action="store_true", help="with --submit: return once the run is submitted")
@@ -209,7 +210,8 @@ def parser() -> argparse.ArgumentParser:
                            ("report", cmd_report, "re-aggregate a screen now (partial screens too)")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("screen", help="the screen's name (a directory of the store)")
-        sp.add_argument("--store", default="results", help="result store directory (default: results)")
+        sp.add_argument("--store", default="results",
+                        help="result store, a directory or a URL such as s3://bucket/prefix (default: results)")
         sp.set_defaults(func=fn)
         if name == "status":
             sp.add_argument("--cells", choices=["unfinished", "all", "none"], default="unfinished",
