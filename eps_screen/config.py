@@ -231,7 +231,13 @@ class ExecutionConfig(_Strict):
     pool: Literal["inprocess", "local-gpu", "runpod-gpu"] = Field(
         "inprocess", description="Where cells run: this process, the local-gpu pool, or the runpod-gpu pool."
     )
-    max_parallel_cells: int = Field(1, ge=1, le=256, description="Cells in flight at once.")
+    max_parallel_cells: int = Field(1, ge=1, le=256, description="Cells in flight at once (on GPU pools: jobs, one GPU each).")
+    cells_per_job: int = Field(
+        1, ge=1, le=64,
+        description="GPU pools: cells one job (one flow run, one GPU) runs in a row, loading the base model once;"
+                    " fewer when that keeps all max_parallel_cells GPUs busy. A crashed job is resubmitted whole;"
+                    " its finished cells return from the store.",
+    )
     crash_resubmits: int = Field(3, ge=0, le=20, description="Times a crashed cell run is resubmitted.")
     resubmit_backoff_s: float = Field(10, ge=0)
     gpu_hourly_usd: float = Field(3.5, ge=0, description="Price used for the plan's cost estimate.")

@@ -6,6 +6,7 @@ Levels are stored as 0/1; the coded value used for effects and generators is -1/
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 
 from eps_screen.config import FACTOR_NAMES, ScreenConfig
@@ -27,6 +28,11 @@ class Regime:
     @property
     def id(self) -> str:
         return f"{self.source}-A{self.A}B{self.B}C{self.C}-s{self.seed}-{'off' if self.off_policy else 'on'}"
+
+
+# The id a GPU job runs the pre-screen (phase 0: the base model, no adapter) under, next to real cell ids.
+PRE_SCREEN_ID = "pre-screen"
+_CELL_ID = re.compile(r"(?P<source>.+)-A(?P<A>[01])B(?P<B>[01])C(?P<C>[01])D(?P<D>[01])E(?P<E>[01])-s(?P<seed>\d+)")
 
 
 @dataclass(frozen=True, order=True)
@@ -61,9 +67,12 @@ class Cell:
 
     @classmethod
     def parse(cls, cell_id: str) -> Cell:
-        source, code, seed = cell_id.rsplit("-", 2)
-        levels = tuple(int(code[i + 1]) for i in range(0, 10, 2))
-        return cls(source, levels, int(seed.removeprefix("s")))  # type: ignore[arg-type]
+        match = _CELL_ID.fullmatch(cell_id)
+        if match is None:
+            raise ValueError(f"cell id {cell_id!r} is not <source>-A?B?C?D?E?-s<seed> with levels 0/1,"
+                             " e.g. librarian-A0B1C0D0E1-s42")
+        levels = tuple(int(match[f]) for f in FACTOR_NAMES)
+        return cls(match["source"], levels, int(match["seed"]))  # type: ignore[arg-type]
 
 
 def coded(level: int) -> int:

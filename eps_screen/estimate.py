@@ -11,6 +11,7 @@ The tiny preset runs on the CPU: its figures are CPU measurements and its cost i
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -145,6 +146,20 @@ def sequence_tokens(config: ScreenConfig, a: int, b: int) -> tuple[float, float,
     return prompt, answer, seq
 
 
+def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:
+    """GPU jobs (pod or process start-ups) the screen dispatches, as tasks/dispatch.py groups them: the
+    pre-screen, the smoke cells, each source's slab without its smoke cells, the multi-seed cells."""
+    ex = config.execution
+
+    def jobs(n: int) -> int:
+        size = max(1, min(ex.cells_per_job, math.ceil(n / ex.max_parallel_cells))) if n else 1
+        return math.ceil(n / size)
+
+    slab_sizes = [32 - (n_smoke if source == (config.smoke_source or config.sources[0]) else 0)
+                  for source in config.sources]
+    return 1 + jobs(n_smoke) + sum(jobs(n) for n in slab_sizes) + jobs(n_multi)
+
+
 def estimate(config: ScreenConfig) -> Estimate:
     tiny = config.model.base.startswith("tiny")
     notes: list[str] = []
@@ -234,7 +249,8 @@ def estimate(config: ScreenConfig) -> Estimate:
         if getattr(config.training, "compile", False):
             startup_s += H200_COMPILE_WARMUP_S.value
             figures["compile warm-up"] = H200_COMPILE_WARMUP_S
-        notes.append(f"per GPU job {startup_s:.0f} s of start-up (assumed); one job per phase and source")
+        notes.append(f"per GPU job {startup_s:.0f} s of start-up (assumed); {gpu_jobs(config, len(smoke), n_multi)}"
+                     f" jobs of up to execution.cells_per_job={config.execution.cells_per_job} cells")
 
     train_s = sum(train_tokens[c] / train_rate[c].value for c in CONDITIONS)
     eval_s = sum(eval_tokens[c] * tail / gen_rate[int(c[1])].value for c in CONDITIONS)
@@ -252,7 +268,7 @@ def estimate(config: ScreenConfig) -> Estimate:
             )
     regimes_s = (regime_tokens["on"] + regime_tokens["off"] * off_scale) * tail / mean_gen
     prescreen_s = prescreen_tokens * tail / mean_gen
-    jobs = 2 + 2 * len(config.sources)  # pre-screen, smoke, a slab and a multi-seed job per source
+    jobs = gpu_jobs(config, len(smoke), n_multi)
     hours = {
         "train": train_s / 3600,
         "eval": eval_s / 3600,

@@ -141,12 +141,22 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
     return {**metrics, "reused": False}
 
 
+def _pre_screen_key(config: ScreenConfig) -> str:
+    return cell_key(config, Cell("base", (0, 0, 0, 0, 0), config.seeds.primary))
+
+
+def finished_pre_screen(config: ScreenConfig, store: ResultStore) -> dict | None:
+    """The pre-screen's result if the store holds it for this config's base model, panel and code."""
+    done = store.phase("pre_screen")
+    return done if done is not None and done.get("key") == _pre_screen_key(config) else None
+
+
 def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
     """The base model, no adapter, on the eval panel under every prompt condition (A, B, C)."""
-    key = cell_key(config, Cell("base", (0, 0, 0, 0, 0), config.seeds.primary))
-    done = store.phase("pre_screen")
-    if done is not None and done.get("key") == key:
+    done = finished_pre_screen(config, store)
+    if done is not None:
         return done
+    key = _pre_screen_key(config)
     frames = []
     for a, b, c in itertools.product((0, 1), repeat=3):
         base_cell = {"cell_id": f"base-A{a}B{b}C{c}", "source": None, "seed": config.seeds.primary}

@@ -203,9 +203,8 @@ def add_prefect(status: ScreenStatus, client) -> None:
             attempts.setdefault(cell_id, []).append((t.expected_start_time or t.created, t.state, gone))
     tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"]))  # the cell runs dispatch submits
     cell_runs = _page(client.read_flow_runs, flow_run_filter=tagged)
-    for r in cell_runs:
-        cell_id = (r.parameters or {}).get("cell_id")
-        if cell_id:
+    for r in cell_runs:  # a GPU job: its cells run in a row, so each shares the job's state
+        for cell_id in (r.parameters or {}).get("cell_ids") or []:
             attempts.setdefault(cell_id, []).append((r.expected_start_time or r.created, r.state, False))
     for cell_id, runs in attempts.items():
         cell = status.cells.get(cell_id)

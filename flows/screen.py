@@ -16,14 +16,14 @@ from prefect.futures import as_completed
 from prefect.states import Completed, Failed
 from prefect.task_runners import ProcessPoolTaskRunner
 
-from eps_screen import design, gates
+from eps_screen import design, gates, pipeline
 from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell
+from eps_screen.design import PRE_SCREEN_ID, Cell
 from eps_screen.plan import make_plan, multiseed_pick
 from eps_screen.provenance import provenance
-from eps_screen.store import ResultStore, write_json
+from eps_screen.store import ResultStore
 from flows.aggregate import aggregate
-from tasks.cells import artifact_key, cell_task, pre_screen_task, regime_task
+from tasks.cells import artifact_key, cell_summary, cell_task, pre_screen_task, regime_task
 
 KILLED = "Killed"
 DEPLOYMENTS = {"local-gpu": "cell/cell-local-gpu", "runpod-gpu": "cell/cell-runpod"}
@@ -58,15 +58,41 @@ def run_cells(config: ScreenConfig, cells: list[Cell], progress: Progress, pool=
 
 
 def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> dict[str, dict]:
-    """Each cell a run of the `cell` deployment on the config's GPU pool."""
+    """The cells not yet in the store, in jobs of the `cell` deployment on the config's GPU pool.
+
+    Finished cells are read here: a GPU job started only to find its cells finished would cost a pod start-up
+    (minutes, billed) for every smoke cell in its slab and for every cell of a resumed screen."""
+    store = ResultStore.for_config(config)
+    finished = {c.id: cell_summary(store.cell_metrics(config, c)) for c in cells if store.is_finished(config, c)}
+    progress.advance(list(finished))
+    todo = [c.id for c in cells if c.id not in finished]
+    dispatched = _on_pool(config, todo, on_done=lambda cell_id: progress.advance([cell_id])) if todo else {}
+    return {c.id: finished.get(c.id) or dispatched[c.id] for c in cells}
+
+
+def _pre_screen(config: ScreenConfig) -> dict:
+    """Phase 0 where the cells run: on a GPU pool the base model is sampled there (a 7B model on the screen's
+    CPU would take days); a finished pre-screen is read from the store."""
+    if config.execution.pool == "inprocess":
+        return pre_screen_task(config)
+    store = ResultStore.for_config(config)
+    if pipeline.finished_pre_screen(config, store) is None:
+        _on_pool(config, [PRE_SCREEN_ID])
+    pre = pipeline.finished_pre_screen(config, store)
+    if pre is None:  # a GPU pool that writes to a store this flow cannot read
+        raise Stopped(Failed(message=f"the pre-screen ran but is not in the store {store.location}"))
+    return pre
+
+
+def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, dict]:
+    """dispatch_cells under the screen's rules: kill criterion 5 ends the screen Killed, with its gate saved;
+    cells that failed every resubmission end it Failed. Finished work stays in the store either way."""
     from tasks.dispatch import CostOverrun, DispatchStopped, dispatch_cells
 
     budget = make_plan(config).estimate.get("cost_usd")
     try:
-        results = dispatch_cells(config, [c.id for c in cells], DEPLOYMENTS[config.execution.pool], budget_usd=budget,
-                                 on_done=lambda cell_id: progress.advance([cell_id]))
+        return dispatch_cells(config, ids, DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
     except CostOverrun as stop:
-        progress.advance(list(stop.summaries))
         outcome = gates.GateOutcome(
             name=gates.GATE_NAMES[5], number=5, fired=True, reason=str(stop),
             numbers={"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)},
@@ -74,11 +100,8 @@ def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> di
         ResultStore.for_config(config).save_gate(outcome.model_dump(mode="json"))
         raise Stopped(killed(outcome)) from None
     except DispatchStopped as stop:
-        progress.advance(list(stop.summaries))
         failed = "; ".join(f"{c}: {m}" for c, m in list(getattr(stop, "failed", {}).items())[:5])
         raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
-    progress.advance(list(results))
-    return results
 
 
 def _run_here(config: ScreenConfig, cells: list[Cell], progress: Progress, pool) -> dict[str, dict]:
@@ -129,11 +152,11 @@ def _phases(config: ScreenConfig, pool):
     logger = get_run_logger()
     store = ResultStore.for_config(config)
     store.check_writable()
-    write_json(store.dir / "screen.json", {"config": config.model_dump(mode="json"), "provenance": provenance()})
+    store.save_screen({"config": config.model_dump(mode="json"), "provenance": provenance()})
     progress = Progress(config)
 
     # Phase 0: the base model must not already emit the marker.
-    pre = pre_screen_task(config)
+    pre = _pre_screen(config)
     contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"])
     store.save_gate(contamination.model_dump(mode="json"))
     if contamination.fired:
@@ -144,7 +167,7 @@ def _phases(config: ScreenConfig, pool):
     smoke = run_cells(config, smoke_cells, progress, pool)
     missing = [c.id for c in smoke_cells if not store.is_finished(config, c)]
     if missing:  # a GPU pool that writes to a store this flow cannot read
-        return Failed(message=f"smoke cells ran but are not in the store {store.dir}: {missing}")
+        return Failed(message=f"smoke cells ran but are not in the store {store.location}: {missing}")
     rates = [store.cell_metrics(config, c)["source_rate"] for c in smoke_cells]
     verdict = gates.smoke(rates, config.gates.smoke_floor, config.gates.smoke_ceiling)
     store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})

@@ -1,10 +1,11 @@
 """Fan cells out to a GPU work pool's `cell` deployment; resubmit crashed runs; enforce the spend cap.
 
 The screen flow calls `dispatch_cells(config, cell_ids, "cell/<deployment>", budget_usd=plan_usd)` when
-`config.execution.pool != "inprocess"`. Per cell, one flow run of the deployment at a time, at most
-`execution.max_parallel_cells` in flight:
+`config.execution.pool != "inprocess"`. The cells go in jobs of up to `execution.cells_per_job` (one flow run
+each, the cells in a row on one GPU, the base model loaded once; smaller when that keeps more GPUs busy), at
+most `execution.max_parallel_cells` jobs in flight, one run per job at a time:
 
-- Completed -> its return value (the cell's summary dict) is collected; a Completed cell is never re-run.
+- Completed -> its return value ({cell id: summary}) is collected; a Completed job is never re-run.
 - Crashed, or Failed by the infrastructure (submission, flow loading) -> resubmitted after
   `resubmit_backoff_s * 2**(attempt-1)`, at most `execution.crash_resubmits` times. Prefect does not retry
   Crashed flow runs by itself (PrefectHQ/prefect#10211); the cell flow skips work already in the store, so a
@@ -17,13 +18,14 @@ artifacts for finished runs, plus (elapsed since the run left Scheduled) x `exec
 runs still in flight or without a cost artifact. On overrun, dispatch stops, cancels every run in flight
 (the worker then terminates their pods), waits for them to settle, and raises `CostOverrun`.
 
-Flow runs get idempotency keys `<key_prefix>:<cell>:a<attempt>`, so a screen flow run that is retried
+Flow runs get idempotency keys `<key_prefix>:<cells>:a<attempt>`, so a screen flow run that is retried
 re-attaches to its cells' runs instead of duplicating them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 from collections import deque
@@ -33,6 +35,7 @@ from typing import Any
 from uuid import UUID
 
 from eps_screen.config import ScreenConfig
+from eps_screen.design import PRE_SCREEN_ID, Cell
 
 _INFRA_FAILURE = re.compile(
     r"infrastructure|submission failed|could not be (retrieved|loaded|submitted)|pull step",
@@ -73,13 +76,29 @@ class CellsFailed(DispatchStopped):
 
 
 @dataclass
-class _Cell:
-    cell_id: str
+class _Job:
+    """One flow run's worth of cells, run in a row on one GPU (the base model loads once per job)."""
+
+    cell_ids: tuple[str, ...]
     attempt: int = 0
     flow_run_id: UUID | None = None
     not_before: float = 0.0
     active_since: float | None = None  # monotonic time the current run left Scheduled
     runs: list[dict[str, Any]] = field(default_factory=list)  # every finished run: id, state, message, seconds
+
+    @property
+    def name(self) -> str:
+        return self.cell_ids[0] if len(self.cell_ids) == 1 else f"{self.cell_ids[0]}+{len(self.cell_ids) - 1}"
+
+
+def group_jobs(cell_ids: list[str], per_job: int, parallel: int) -> list[tuple[str, ...]]:
+    """Cells in jobs of at most `per_job`, but small enough that `parallel` GPUs all get work.
+
+    Ordered by regime (the cells that train on the same answers side by side), so a job generates each of its
+    regimes' answers once and its other cells of that regime reuse them."""
+    ordered = sorted(cell_ids, key=lambda c: "" if c == PRE_SCREEN_ID else Cell.parse(c).regime.id)
+    size = max(1, min(per_job, math.ceil(len(ordered) / parallel)))
+    return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]
 
 
 @dataclass
@@ -132,8 +151,8 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
         raise ValueError("cell_ids has duplicates")
     ex, gates = config.execution, config.gates
     prefix = key_prefix or _default_key_prefix(config)
-    queue: deque[_Cell] = deque(_Cell(c) for c in cell_ids)
-    in_flight: dict[str, _Cell] = {}
+    queue: deque[_Job] = deque(_Job(j) for j in group_jobs(cell_ids, ex.cells_per_job, ex.max_parallel_cells))
+    in_flight: dict[str, _Job] = {}
     done: dict[str, dict] = {}
     failed: dict[str, str] = {}
     ledger = _Ledger(ex.gpu_hourly_usd)
@@ -145,59 +164,61 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
     async with get_client() as client:
         while queue or in_flight:
             now = time.monotonic()
-            # 1. submit while there is room; cells waiting out a backoff step aside
+            # 1. submit while there is room; jobs waiting out a backoff step aside
             for _ in range(len(queue)):
                 if len(in_flight) >= ex.max_parallel_cells:
                     break
-                cell = queue.popleft()
-                if cell.not_before > now:
-                    queue.append(cell)
+                job = queue.popleft()
+                if job.not_before > now:
+                    queue.append(job)
                     continue
-                cell.flow_run_id = await _submit(client, config, cell, deployment, prefix, job_variables)
-                cell.active_since = None
-                in_flight[cell.cell_id] = cell
-                logger.info("Cell %s attempt %d -> flow run %s", cell.cell_id, cell.attempt, cell.flow_run_id)
+                job.flow_run_id = await _submit(client, config, job, deployment, prefix, job_variables)
+                job.active_since = None
+                in_flight[job.name] = job
+                logger.info("Cell %s attempt %d -> flow run %s", job.name, job.attempt, job.flow_run_id)
 
             # 2. read the runs in flight
             ids = [c.flow_run_id for c in in_flight.values() if c.flow_run_id is not None]
             in_ids = FlowRunFilter(id=FlowRunFilterId(any_=ids))
             runs = {r.id: r for r in await client.read_flow_runs(flow_run_filter=in_ids)} if ids else {}
-            for cell in list(in_flight.values()):
-                run = runs.get(cell.flow_run_id)  # type: ignore[arg-type]
+            for job in list(in_flight.values()):
+                run = runs.get(job.flow_run_id)  # type: ignore[arg-type]
                 state = run.state if run else None
                 if state is None:
                     continue
-                if cell.active_since is None and not state.is_scheduled():
-                    cell.active_since = now
+                if job.active_since is None and not state.is_scheduled():
+                    job.active_since = now
                 if not state.is_final():
                     continue
-                seconds = now - cell.active_since if cell.active_since else 0.0
+                seconds = now - job.active_since if job.active_since else 0.0
                 ledger.estimated[run.id] = (seconds * ledger.hourly_usd / 3600, 0)
-                cell.runs.append({"flow_run_id": str(run.id), "state": state.name, "message": state.message,
-                                  "seconds": round(seconds, 1)})
-                del in_flight[cell.cell_id]
+                job.runs.append({"flow_run_id": str(run.id), "state": state.name, "message": state.message,
+                                 "seconds": round(seconds, 1)})
+                del in_flight[job.name]
                 if state.is_completed():
-                    done[cell.cell_id] = await _summary(state, cell, logger)
+                    summaries = await _summaries(state, job, logger)
+                    done.update(summaries)
                     if on_done is not None:
-                        await anyio.to_thread.run_sync(on_done, cell.cell_id)
-                elif _resubmittable(state) and cell.attempt < ex.crash_resubmits:
-                    cell.attempt += 1
-                    backoff = ex.resubmit_backoff_s * 2 ** (cell.attempt - 1)
-                    cell.not_before = now + backoff
-                    queue.append(cell)
+                        for cell_id in summaries:
+                            await anyio.to_thread.run_sync(on_done, cell_id)
+                elif _resubmittable(state) and job.attempt < ex.crash_resubmits:
+                    job.attempt += 1
+                    backoff = ex.resubmit_backoff_s * 2 ** (job.attempt - 1)
+                    job.not_before = now + backoff
+                    queue.append(job)
                     logger.warning("Cell %s run %s ended %s (%s); resubmitting in %.0f s (attempt %d of %d)",
-                                   cell.cell_id, run.id, state.name, state.message, backoff, cell.attempt,
+                                   job.name, run.id, state.name, state.message, backoff, job.attempt,
                                    ex.crash_resubmits)
                 else:
-                    failed[cell.cell_id] = f"{state.name}: {state.message}"
-                    logger.error("Cell %s gave up after %d attempt(s): %s", cell.cell_id, cell.attempt + 1,
-                                 failed[cell.cell_id])
+                    failed.update(dict.fromkeys(job.cell_ids, f"{state.name}: {state.message}"))
+                    logger.error("Cell %s gave up after %d attempt(s): %s", job.name, job.attempt + 1,
+                                 failed[job.cell_ids[0]])
 
             # 3. kill criterion 5
             await _price_finished_runs(client, ledger)
             active = [now - c.active_since for c in in_flight.values() if c.active_since is not None]
             spend = ledger.total(active)
-            too_long = [c.cell_id for c in in_flight.values()
+            too_long = [c.name for c in in_flight.values()
                         if c.active_since is not None and now - c.active_since > gates.max_job_hours * 3600]
             over_budget = budget_usd is not None and spend > gates.spend_factor * budget_usd
             if too_long or over_budget:
@@ -205,7 +226,7 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                        if too_long else
                        f"spend ${spend:.2f} is over {gates.spend_factor:g} x the plan's ${budget_usd:.2f}")
                 cancelled = await _cancel_all(client, in_flight, f"kill criterion 5: {why}", cancel_wait_s, logger)
-                raise CostOverrun(f"Kill criterion 5 (cost overrun): {why}; cancelled {len(cancelled)} cell run(s)",
+                raise CostOverrun(f"Kill criterion 5 (cost overrun): {why}; cancelled {len(cancelled)} cell(s) in flight",
                                   done, spend_usd=round(spend, 4), budget_usd=budget_usd, cancelled=cancelled)
             if queue or in_flight:
                 await anyio.sleep(poll_s)
@@ -225,17 +246,17 @@ def _default_key_prefix(config: ScreenConfig) -> str:
     return f"{config.name}:{fingerprint}:{owner}"
 
 
-async def _submit(client: Any, config: ScreenConfig, cell: _Cell, deployment: str, prefix: str,
+async def _submit(client: Any, config: ScreenConfig, job: _Job, deployment: str, prefix: str,
                   job_variables: dict[str, Any] | None) -> UUID:
     from prefect.deployments import arun_deployment
 
     run = await arun_deployment(
         deployment,
         client=client,
-        parameters={"config": config.model_dump(mode="json"), "cell_id": cell.cell_id},
+        parameters={"config": config.model_dump(mode="json"), "cell_ids": list(job.cell_ids)},
         timeout=0,
-        flow_run_name=f"{cell.cell_id}-a{cell.attempt}",
-        idempotency_key=f"{prefix}:{cell.cell_id}:a{cell.attempt}",
+        flow_run_name=f"{job.name}-a{job.attempt}",
+        idempotency_key=f"{prefix}:{','.join(job.cell_ids)}:a{job.attempt}",
         tags=["eps-screen", f"screen:{config.name}"],
         job_variables=job_variables,
     )
@@ -248,17 +269,18 @@ def _resubmittable(state: Any) -> bool:
     return bool(state.is_failed() and state.message and _INFRA_FAILURE.search(state.message))
 
 
-async def _summary(state: Any, cell: _Cell, logger: Any) -> dict:
-    """The cell flow's return value (needs persisted results readable here); a stub if it cannot be read."""
+async def _summaries(state: Any, job: _Job, logger: Any) -> dict[str, dict]:
+    """The cell flow's return value, {cell_id: summary} (needs persisted results readable here); a stub for
+    a cell whose summary cannot be read."""
     try:
         result = await state.aresult(raise_on_failure=False)
     except Exception as exc:
-        logger.warning("Cell %s completed but its result could not be read (%s); returning a stub",
-                       cell.cell_id, type(exc).__name__)
+        logger.warning("Cell %s completed but its result could not be read (%s); returning stubs",
+                       job.name, type(exc).__name__)
         result = None
-    if isinstance(result, dict):
-        return {"cell_id": cell.cell_id, **result}
-    return {"cell_id": cell.cell_id, "result_missing": True, "flow_run_id": cell.runs[-1]["flow_run_id"]}
+    result = result if isinstance(result, dict) else {}
+    stub = {"result_missing": True, "flow_run_id": job.runs[-1]["flow_run_id"]}
+    return {c: {"cell_id": c, **(result[c] if isinstance(result.get(c), dict) else stub)} for c in job.cell_ids}
 
 
 async def _price_finished_runs(client: Any, ledger: _Ledger) -> None:
@@ -283,13 +305,14 @@ async def _price_finished_runs(client: Any, ledger: _Ledger) -> None:
             ledger.estimated[run_id] = (usd, polls + 1)
 
 
-async def _cancel_all(client: Any, in_flight: dict[str, _Cell], message: str, wait_s: float, logger: Any) -> list[str]:
+async def _cancel_all(client: Any, in_flight: dict[str, _Job], message: str, wait_s: float, logger: Any) -> list[str]:
     """Cancel every run in flight (Cancelling -> the worker terminates the pod), then wait for them to settle."""
     import anyio
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Cancelled, Cancelling
 
-    ids = {c.flow_run_id: c.cell_id for c in in_flight.values() if c.flow_run_id is not None}
+    ids = {c.flow_run_id: c.name for c in in_flight.values() if c.flow_run_id is not None}
+    cells = sorted(cell_id for c in in_flight.values() if c.flow_run_id is not None for cell_id in c.cell_ids)
     runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(ids))))
     for run in runs:
         if run.state is None or run.state.is_final():
@@ -304,4 +327,4 @@ async def _cancel_all(client: Any, in_flight: dict[str, _Cell], message: str, wa
         if all(r.state is not None and r.state.is_final() for r in runs):
             break
         await anyio.sleep(1.0)
-    return sorted(ids.values())
+    return cells

@@ -35,6 +35,7 @@ from prefect.states import Cancelled, Completed, Crashed, Failed, Pending, Runni
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
 from eps_screen.config import ScreenConfig  # noqa: E402
+from eps_screen.design import Cell  # noqa: E402
 from tasks.dispatch import CellsFailed, CostOverrun, adispatch_cells  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,8 +43,17 @@ DEPLOYMENT = "cell/dispatch-unit"
 
 
 @flow(name="cell")
-def cell(config: dict, cell_id: str) -> dict:  # never executed here: the Executor plays it
-    return {"cell_id": cell_id}
+def cell(config: dict, cell_ids: list[str]) -> dict:  # never executed here: the Executor plays it
+    return {c: {"cell_id": c} for c in cell_ids}
+
+
+def ids(*names: str) -> list[str]:
+    """Cell ids whose source is the short name, so regime order (the order jobs are formed in) is name order."""
+    return [f"{n}-A0B0C0D0E0-s1" for n in names]
+
+
+def short(cell_id: str) -> str:
+    return cell_id.split("-", 1)[0]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,6 +82,7 @@ class Executor:
         self.seen: list[tuple[str, int, str]] = []
         self.max_in_flight = 0
         self.hanging: set = set()
+        self.jobs: list[list[str]] = []  # the cells of each run, in submission order
 
     async def loop(self):
         async with get_client() as client:
@@ -85,9 +96,10 @@ class Executor:
                         await client.set_flow_run_state(run.id, Cancelled(message="pod terminated"), force=True)
                         self.hanging.discard(run.id)
                         continue
-                    cell_id, attempt = run.parameters["cell_id"], int(run.name.rsplit("-a", 1)[1])
+                    cell_id, attempt = short(run.parameters["cell_ids"][0]), int(run.name.rsplit("-a", 1)[1])
                     fate = self.script(cell_id, attempt)
                     self.seen.append((cell_id, attempt, fate))
+                    self.jobs.append([short(c) for c in run.parameters["cell_ids"]])
                     await client.set_flow_run_state(run.id, Pending())
                     await client.set_flow_run_state(run.id, Running())
                     if self.cost_usd:
@@ -128,7 +140,7 @@ def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None
 
 
 def test_all_complete_and_parallelism_is_bounded(harness):
-    cells = [f"c{i}" for i in range(7)]
+    cells = ids(*(f"c{i}" for i in range(7)))
     reported: list[tuple[str, int]] = []  # (cell, how many cells the dispatcher had finished by then)
     out, ex = dispatch(harness, lambda c, a: "complete", cells, max_parallel_cells=2,
                        on_done=lambda c: reported.append((c, sum(1 for s in LAST[0].seen if s[2] == "complete"))))
@@ -143,8 +155,8 @@ def test_crashes_are_resubmitted_with_backoff_and_completed_cells_never_rerun(ha
     crashes = {"c1": 1, "c2": 2}  # c1 crashes once, c2 twice, then both complete
     t0 = time.monotonic()
     out, ex = dispatch(harness, lambda c, a: "crash" if a < crashes.get(c, 0) else "complete",
-                       ["c0", "c1", "c2"], resubmit_backoff_s=0.5)
-    assert sorted(out) == ["c0", "c1", "c2"]
+                       ids("c0", "c1", "c2"), resubmit_backoff_s=0.5)
+    assert sorted(out) == ids("c0", "c1", "c2")
     assert [s for s in ex.seen if s[0] == "c2"] == [("c2", 0, "crash"), ("c2", 1, "crash"), ("c2", 2, "complete")]
     assert sum(1 for c, _, f in ex.seen if f == "complete") == 3  # each cell completed exactly once
     assert time.monotonic() - t0 >= 0.5 + 1.0  # backoff 0.5 s then 1.0 s for c2
@@ -153,32 +165,32 @@ def test_crashes_are_resubmitted_with_backoff_and_completed_cells_never_rerun(ha
 def test_resubmits_are_bounded_and_flow_failures_not_retried(harness):
     script = {"c0": "complete", "c1": "crash", "c2": "fail", "c3": "fail-infra"}
     with pytest.raises(CellsFailed) as err:
-        dispatch(harness, lambda c, a: script[c] if a < 5 else "complete", list(script), crash_resubmits=1)
-    assert set(err.value.failed) == {"c1", "c2", "c3"} and list(err.value.summaries) == ["c0"]
+        dispatch(harness, lambda c, a: script[c] if a < 5 else "complete", ids(*script), crash_resubmits=1)
+    assert set(err.value.failed) == set(ids("c1", "c2", "c3")) and list(err.value.summaries) == ids("c0")
     retried = sorted((c, a) for c, a, _ in LAST[0].seen if c in ("c1", "c3"))
     assert retried == [("c1", 0), ("c1", 1), ("c3", 0), ("c3", 1)]  # one resubmit each
     assert [a for c, a, _ in LAST[0].seen if c == "c2"] == [0]  # the flow's own failure: not retried
-    assert err.value.failed["c2"].startswith("Failed: ValueError")
+    assert err.value.failed[ids("c2")[0]].startswith("Failed: ValueError")
 
 
 def test_spend_cap_counts_published_pod_costs(harness):
     # each finished run published a $1 pod cost; budget $2 x spend_factor 1.5 = $3 -> the 4th trips the cap
     with pytest.raises(CostOverrun) as err:
-        dispatch(harness, lambda c, a: "complete", [f"c{i}" for i in range(6)], cost_usd=1.0, budget_usd=2.0,
+        dispatch(harness, lambda c, a: "complete", ids(*(f"c{i}" for i in range(6))), cost_usd=1.0, budget_usd=2.0,
                  max_parallel_cells=1, gpu_hourly_usd=0.0)
     exc = err.value
     assert exc.outcome == "CostOverrun" and 3.0 < exc.spend_usd <= 4.0
-    assert sorted(exc.summaries) == ["c0", "c1", "c2", "c3"]
+    assert sorted(exc.summaries) == ids("c0", "c1", "c2", "c3")
     assert "Kill criterion 5" in str(exc)
 
 
 def test_spend_cap_cancels_in_flight_runs(harness):
     # runs in flight are priced at gpu_hourly_usd ($1/s here): 4 hanging runs pass $3 within a second
     with pytest.raises(CostOverrun) as err:
-        dispatch(harness, lambda c, a: "hang", [f"c{i}" for i in range(6)], budget_usd=2.0,
+        dispatch(harness, lambda c, a: "hang", ids(*(f"c{i}" for i in range(6))), budget_usd=2.0,
                  max_parallel_cells=4, gpu_hourly_usd=3600.0)
     exc = err.value
-    assert exc.spend_usd > 3.0 and exc.cancelled == ["c0", "c1", "c2", "c3"] and exc.summaries == {}
+    assert exc.spend_usd > 3.0 and exc.cancelled == ids("c0", "c1", "c2", "c3") and exc.summaries == {}
 
 
 def test_job_over_max_hours_stops_dispatch(harness):
@@ -193,7 +205,7 @@ def test_job_over_max_hours_stops_dispatch(harness):
                 try:
                     config = ScreenConfig(name="unit", gates=cfg_gates,
                                           execution={"pool": "runpod-gpu", "max_parallel_cells": 2})
-                    return await adispatch_cells(config, ["a", "b", "c"], DEPLOYMENT, None, poll_s=0.2,
+                    return await adispatch_cells(config, ids("a", "b", "c"), DEPLOYMENT, None, poll_s=0.2,
                                                  key_prefix=f"k{time.time_ns()}", cancel_wait_s=10)
                 finally:
                     tg.cancel_scope.cancel()
@@ -203,7 +215,33 @@ def test_job_over_max_hours_stops_dispatch(harness):
     with pytest.raises(BaseException) as err:
         run()
     exc = err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value
-    assert isinstance(exc, CostOverrun) and "max_job_hours" in str(exc) and sorted(exc.cancelled) == ["a", "b"]
+    assert isinstance(exc, CostOverrun) and "max_job_hours" in str(exc) and sorted(exc.cancelled) == ids("a", "b")
+
+
+def test_jobs_run_cells_in_a_row_and_a_crashed_job_is_resubmitted_whole(harness):
+    cells = ids(*(f"c{i}" for i in range(7)))
+    out, ex = dispatch(harness, lambda c, a: "crash" if c == "c3" and a == 0 else "complete", cells,
+                       cells_per_job=3, max_parallel_cells=2)
+    assert sorted(out) == cells
+    # jobs of 3 (7 cells, 2 GPUs: 3 per job still keeps both busy), and the crashed job again with all its cells
+    assert sorted(ex.jobs) == [["c0", "c1", "c2"], ["c3", "c4", "c5"], ["c3", "c4", "c5"], ["c6"]]
+    assert [s for s in ex.seen if s[0] == "c3"] == [("c3", 0, "crash"), ("c3", 1, "complete")]
+
+
+def test_job_size_keeps_every_gpu_busy_and_groups_regimes():
+    from eps_screen.design import all_slab_cells
+    from tasks.dispatch import group_jobs
+
+    slab = [c.id for c in all_slab_cells(ScreenConfig(name="unit")) if c.source == "librarian"]
+    assert len(slab) == 32
+    jobs = group_jobs(slab, per_job=4, parallel=8)
+    assert [len(j) for j in jobs] == [4] * 8 and sorted(c for j in jobs for c in j) == sorted(slab)
+    # the two cells of a regime (they differ only in E) always share a job: its answers are generated once
+    for job in jobs:
+        regimes = [Cell.parse(c).regime for c in job]
+        assert all(regimes.count(r) == 2 for r in regimes)
+    assert [len(j) for j in group_jobs(slab[:10], per_job=8, parallel=8)] == [2] * 5  # never idle GPUs
+    assert [len(j) for j in group_jobs(slab, per_job=1, parallel=8)] == [1] * 32
 
 
 def test_importing_dispatch_has_no_side_effects():

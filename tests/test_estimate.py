@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from eps_screen.config import load_config
 from eps_screen.estimate import estimate
 from tests.conftest import CONFIGS, ROOT
@@ -49,3 +51,21 @@ def test_generation_override_and_the_rate_a_budget_needs():
 def test_tiny_preset_costs_nothing():
     est = estimate(load_config(CONFIGS / "tiny.yaml"))
     assert est.hardware == "CPU" and est.cost_usd == 0 and est.gpu_hours < 2
+
+
+def test_start_up_counts_the_jobs_dispatch_will_form():
+    from eps_screen.estimate import gpu_jobs
+    from tasks.dispatch import group_jobs
+
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    assert config.execution.cells_per_job == 4 and config.execution.max_parallel_cells == 8
+    # the same grouping as dispatch: pre-screen 1, smoke 8 cells -> 8 jobs (8 GPUs), the smoke source's
+    # 24 remaining slab cells -> 8 jobs of 3, two full slabs -> 8 jobs of 4 each, 18 multi-seed cells -> 6 jobs
+    def jobs(n: int) -> int:
+        return len(group_jobs([f"s{i:02d}-A0B0C0D0E0-s1" for i in range(n)], 4, 8))
+
+    assert gpu_jobs(config, 8, 18) == 1 + jobs(8) + jobs(24) + 2 * jobs(32) + jobs(18) == 39
+    one_per_job = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 1})})
+    batched, single = estimate(config), estimate(one_per_job)
+    assert single.hours["startup"] / batched.hours["startup"] == pytest.approx(115 / 39)
+    assert single.hours["train"] == batched.hours["train"]

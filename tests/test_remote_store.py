@@ -3,11 +3,9 @@ caches) share one store, a half-pushed cell is never finished, and the CLI, doct
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from pathlib import Path
 
-import polars as pl
 import pytest
 import yaml
 
@@ -175,9 +173,7 @@ def test_the_cell_flow_writes_to_the_url_store(url, tmp_path):
     from flows.cell import cell
 
     a = simulated(url, tmp_path / "a")
-    # The cell flow is moving from one cell_id to a list of cell_ids (one GPU job, several cells): either works.
-    ids = {"cell_ids": [CELL.id]} if "cell_ids" in inspect.signature(cell.fn).parameters else {"cell_id": CELL.id}
-    cell(a, **ids)
+    cell(a, [CELL.id])
 
     b = simulated(url, tmp_path / "b")
     store_b = ResultStore.for_config(b)

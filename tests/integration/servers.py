@@ -8,13 +8,13 @@ stays the plain per-module server. Every process gets its own session (process g
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
 
 from tests.integration.conftest import PREFECT, ROOT, free_port, quiet_env, stop
 from tests.integration.conftest import serve as prefect_server  # noqa: F401  (re-exported for the ops tests)
@@ -44,6 +44,22 @@ def server_errors(log_path: Path) -> list[str]:
     text = log_path.read_text(errors="replace")
     return [line for line in text.splitlines()
             if "Encountered retryable exception in request" in line or "Encountered exception in request" in line]
+
+
+def failed_endpoints(log_path: Path, retryable: bool | None = None) -> list[str]:
+    """The server's API function behind each request it failed (see server_errors), e.g. update_flow_run_labels;
+    only the 503s (retryable=True) or only the 500s (False)."""
+    kind = {True: "retryable ", False: "", None: "(?:retryable )?"}[retryable]
+    blocks = re.split(rf"Encountered {kind}exception in request", log_path.read_text(errors="replace"))[1:]
+    return [m[1] if (m := re.search(r"prefect/server/api/(?!server\.py)\w+\.py\", line \d+, in (\w+)", b)) else "?"
+            for b in blocks]
+
+
+# Prefect 3.7's PATCH /flow_runs/{id}/labels (a worker labels every run it submits) reads the run and writes it back
+# in a DEFERRED SQLite transaction: when another writer holds the lock, SQLite refuses the read-to-write upgrade at
+# once (busy_timeout cannot help), the server answers 503 and the client retries it. Upstream, not ours: the
+# transaction would need Prefect's `with_for_update=True` (BEGIN IMMEDIATE).
+PREFECT_DEFERRED_WRITE = {"update_flow_run_labels"}
 
 
 def background_lock_errors(log_path: Path) -> int:

@@ -1,6 +1,6 @@
-"""A stand-in for flows/cell.py with the same signature: `cell(config, cell_id) -> dict`.
+"""A stand-in for flows/cell.py with the same signature: `cell(config, cell_ids) -> {cell_id: summary}`.
 
-It "computes" a cell by sleeping $STANDIN_SECONDS, then writes <store>/standin/<cell_id>.json atomically and
+It "computes" each cell by sleeping $STANDIN_SECONDS, then writes <store>/standin/<cell_id>.json atomically and
 appends a line to <store>/standin/computed.log. A cell whose file exists is returned from the store without
 recomputing, as the real cell flow does, so the log shows whether any finished cell was ever redone.
 """
@@ -18,9 +18,13 @@ from eps_screen.config import ScreenConfig
 
 
 @flow(name="cell", persist_result=True)
-def cell(config: ScreenConfig, cell_id: str) -> dict:
+def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     root = Path(config.store) / "standin"
     root.mkdir(parents=True, exist_ok=True)
+    return {cell_id: _one(root, cell_id) for cell_id in cell_ids}
+
+
+def _one(root: Path, cell_id: str) -> dict:
     done = root / f"{cell_id}.json"
     if done.exists():
         return {**json.loads(done.read_text()), "from_store": True}

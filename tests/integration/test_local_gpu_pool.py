@@ -1,24 +1,35 @@
-"""The `local-gpu` pool puts one cell on one GPU (deployments/pools/local-gpu.yaml).
+"""The `local-gpu` pool puts one job on one GPU (deployments/pools/local-gpu.yaml), and a whole screen runs there.
 
 `eps-screen deploy --pool local-gpu --gpus 2` creates the pool (concurrency limit 2) and the `cell-local-gpu`
 deployment; deployments/pools/start-local-gpu-workers.sh starts one worker per "GPU" (0 and 1: the mechanism
-is only CUDA_VISIBLE_DEVICES, so no GPU is needed); the screen's dispatcher sends 4 simulated cells. A
+is only CUDA_VISIBLE_DEVICES, so no GPU is needed). The `screen` flow then runs a whole simulated screen with
+`execution.pool: local-gpu`: the pre-screen and every cell go to the pool, in jobs of several cells. A
 sitecustomize hook records each flow-run process's CUDA_VISIBLE_DEVICES and its lifetime: every run saw
-exactly one device, both devices were used, and no device ever ran two cells at once.
+exactly one device, both devices were used, and no device ever ran two jobs at once.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import ROOT
-from tests.integration.servers import EPS_SCREEN, PREFECT, client_env, prefect_server, server_errors
+from tests.integration.servers import (
+    EPS_SCREEN,
+    PREFECT,
+    PREFECT_DEFERRED_WRITE,
+    client_env,
+    failed_endpoints,
+    prefect_server,
+    server_errors,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -34,12 +45,15 @@ if run and out:
 """
 
 
-def test_one_cell_per_gpu(tmp_path: Path):
+def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
     from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 
     from eps_screen import design
     from eps_screen.config import ScreenConfig
-    from tasks.dispatch import dispatch_cells
+    from eps_screen.estimate import gpu_jobs
+    from eps_screen.plan import phase_cells
+    from eps_screen.store import ResultStore
+    from flows.screen import screen
 
     hook, log, results = tmp_path / "hook", tmp_path / "gpu-runs.txt", tmp_path / "results"
     hook.mkdir()
@@ -59,10 +73,9 @@ def test_one_cell_per_gpu(tmp_path: Path):
             assert "worker for GPU 1: pid" in starter.communicate(timeout=60)[0]
             config = ScreenConfig(name="gpus", store=str(tmp_path / "store"),
                                   backend={"generation": "simulated", "training": "simulated"},
-                                  execution={"pool": "local-gpu", "max_parallel_cells": 4})
-            cells = [c.id for c in design.slab_cells(config, "librarian")][:4]
+                                  execution={"pool": "local-gpu", "max_parallel_cells": 2, "cells_per_job": 16})
             with temporary_settings({PREFECT_API_URL: api, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}):
-                summaries = dispatch_cells(config, cells, "cell/cell-local-gpu", poll_s=1.0)
+                state = screen(config, return_state=True)
         finally:
             os.killpg(starter.pid, signal.SIGINT)
             deadline = time.time() + 30
@@ -70,14 +83,32 @@ def test_one_cell_per_gpu(tmp_path: Path):
                                                             capture_output=True).returncode == 0:
                 time.sleep(0.5)
             subprocess.run(["pkill", "-KILL", "-g", str(starter.pid)], capture_output=True)
-        assert sorted(summaries) == sorted(cells) and all("source_rate" in s for s in summaries.values())
+        assert state.is_completed(), state.message
+        store = ResultStore.for_config(config)
+        assert (store.report_dir / "clean_result.html").exists()
+        cells = [c for phase in phase_cells(config, store).values() for c in phase]
+        assert cells and all(store.is_finished(config, c) for c in cells)
+        assert store.phase("pre_screen")["answers"] > 0
+        # pre-screen 1, smoke 8 -> 2 jobs, slabs 24 + 32 + 32 -> 2 jobs each, multi-seed -> 2: 11 GPU jobs in all
         runs = [line.split() for line in log.read_text().splitlines()]
-        assert len(runs) == len(cells)
+        expected = gpu_jobs(config, len(design.smoke_cells(config)), len(phase_cells(config, store)["multiseed"]))
+        assert len(runs) == expected == 11, runs
         by_gpu: dict[str, list[tuple[float, float]]] = {}
         for _, gpu, start, end in runs:
             by_gpu.setdefault(gpu, []).append((float(start), float(end)))
         assert set(by_gpu) == {"0", "1"}, runs
         for spans in by_gpu.values():
             spans.sort()
-            assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # one cell at a time per GPU
-        assert server_errors(server_log) == []
+            assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # one job at a time per GPU
+        # SQLite under a whole screen of GPU jobs: a write that meets the lock answers 503 and the client retries it
+        # (the screen above completed with every cell, so none was lost). Counted and kept as a test output, not
+        # failed on: how many depends on the machine's load (docs/walkthroughs.md, "PostgreSQL for the server").
+        # A 500 is a real failure.
+        retried = failed_endpoints(server_log, retryable=True)
+        assert len(retried) == len(server_errors(server_log)), server_errors(server_log)
+        out = ROOT / "test-output"
+        out.mkdir(exist_ok=True)
+        (out / "local_gpu_pool_sqlite.json").write_text(json.dumps(
+            {"gpu_jobs": len(runs), "cells": len({c.id for c in cells}), "retried_503": len(retried),
+             "by_endpoint": dict(Counter(retried)), "label_updates_among_them": sum(
+                 1 for e in retried if e in PREFECT_DEFERRED_WRITE)}, indent=2))

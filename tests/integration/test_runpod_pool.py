@@ -164,7 +164,7 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
             result_store = ResultStore.for_config(config)
             markers = {c: result_store.cell_dir(config, design.Cell.parse(c)) / "metrics.json" for c in cells}
         else:
-            cells = [f"cell{i:02d}" for i in range(N_CELLS)]
+            cells = [f"cell{i:02d}-A0B0C0D0E0-s1" for i in range(N_CELLS)]
             markers = {c: store / "standin" / f"{c}.json" for c in cells}
         watcher = WriteWatcher(markers)
         watcher.start()
@@ -292,9 +292,10 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
                               backend={"generation": "simulated", "training": "simulated"},
                               execution={"pool": "runpod-gpu", "max_parallel_cells": 3, "gpu_hourly_usd": 36.0})
         t0 = time.time()
+        cells = [f"{name}-A0B0C0D0E0-s1" for name in "abcde"]  # jobs form in regime order: a, b, c first
         with temporary_settings({PREFECT_API_URL: prefect_server}), pytest.raises(CostOverrun) as err:
-            dispatch_cells(config, ["a", "b", "c", "d", "e"], "cell/runpod-cap", budget_usd=0.30, poll_s=1.0)
-        assert err.value.outcome == "CostOverrun" and err.value.cancelled == ["a", "b", "c"]
+            dispatch_cells(config, cells, "cell/runpod-cap", budget_usd=0.30, poll_s=1.0)
+        assert err.value.outcome == "CostOverrun" and err.value.cancelled == cells[:3]
         assert err.value.summaries == {} and time.time() - t0 < 120
         deadline = time.time() + 30
         while fake.live_pods() and time.time() < deadline:
