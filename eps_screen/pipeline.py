@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 
 import polars as pl
 
@@ -131,7 +132,7 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
         **cell.as_dict(),
         "key": cell_key(config, cell),
         **rates,
-        "adapter": adapter,
+        "adapter": None if adapter is None else store.location_of(Path(adapter)),
         "train": None if train_report is None else {k: v for k, v in vars(train_report).items() if k != "losses"},
         "timings": {**timings, "total_s": time.perf_counter() - started},
         "config": config.model_dump(mode="json"),

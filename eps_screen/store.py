@@ -106,6 +106,11 @@ class ResultStore:
         """The screen's place, the same on every machine: <URL>/<screen> for a remote store, else `dir`."""
         return f"{self.url}/{self.screen}" if self.url else str(self.dir)
 
+    def location_of(self, path: Path) -> str:
+        """Where a file or directory of this store lives for every machine: its URL for a remote store (a cell's
+        adapter trained on a pod is found there, not on the pod's disk), else its local path."""
+        return f"{self.url}/{self._rel(path)}" if self.url else str(path)
+
     def check_writable(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         probe = self.dir / f".probe-{os.getpid()}"

@@ -69,6 +69,10 @@ def test_a_cell_saved_through_one_cache_is_finished_in_another(url, tmp_path):
     assert store_a.remote.exists(f"simulated/cells/{CELL.id}/{store_a.cell_dir(a, CELL).name}/adapter/adapter_model.safetensors")
     assert not (store_b.cell_dir(b, CELL) / "adapter").exists()  # adapters stay remote
     assert store_b.finished_count() == 1
+    # what a cell's metrics call its adapter: the URL every machine can open, not the trainer's disk
+    where = store_a.location_of(store_a.cell_dir(a, CELL) / "adapter")
+    assert where == f"{url}/simulated/cells/{CELL.id}/{store_a.cell_dir(a, CELL).name}/adapter"
+    assert where == store_b.location_of(store_b.cell_dir(b, CELL) / "adapter")
 
 
 def test_a_push_interrupted_before_metrics_is_not_finished_and_the_retry_completes_it(url, tmp_path, monkeypatch):
