@@ -3,10 +3,14 @@ caches) share one store, a half-pushed cell is never finished, and the CLI, doct
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from eps_screen import pipeline
@@ -15,26 +19,46 @@ from eps_screen.design import Cell
 from eps_screen.remote import Remote
 from eps_screen.store import ResultStore
 from tests.conftest import CONFIGS
+from tests.integration.conftest import free_port
 
 CELL = Cell("librarian", (1, 0, 1, 0, 1), 42)
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint():
-    """moto's S3 server, with dummy credentials in the environment (the way pods and the screen get real ones)."""
-    from moto.server import ThreadedMotoServer
+def s3_endpoint(tmp_path_factory):
+    """moto's S3 server, with dummy credentials in the environment (the way pods and the screen get real ones).
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1",
-                            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}.items():
-            mp.setenv(name, value)
-        yield endpoint
-    server.stop()
+    A process of its own: moto's server is a Flask app, and Flask's context proxies in this process's modules make
+    vLLM's CPU kernel rebinding (it calls hasattr on every module global) raise in any later vLLM test."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                requests.get(endpoint, timeout=2)
+                break
+            except requests.RequestException:
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"moto_server did not start (exit {server.poll()})") from None
+                time.sleep(0.2)
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1",
+                                "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}.items():
+                mp.setenv(name, value)
+            yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def test_moto_stays_out_of_this_process(s3_endpoint):
+    assert "flask" not in sys.modules and "moto" not in sys.modules
 
 
 @pytest.fixture
