@@ -208,6 +208,27 @@ def test_vanished_pod_crashes_the_run_quickly(fake: FakeRunPod):
     assert fake.running_processes() == []
 
 
+def test_a_slow_prefect_api_does_not_delay_vanish_detection(fake: FakeRunPod, monkeypatch):
+    from prefect.client.orchestration import PrefectClient
+
+    from eps_screen_runpod.worker import API_READ_TIMEOUT_S
+
+    read = PrefectClient.read_flow_run
+
+    async def held(self, flow_run_id):  # while the pod lives, reads wait like a SQLite server's 60 s lock wait
+        if fake.live_pods():
+            await anyio.sleep(120)
+        return await read(self, flow_run_id)
+
+    monkeypatch.setattr(PrefectClient, "read_flow_run", held)
+    fake.faults.vanish_pods = {0}
+    fake.faults.vanish_after_s = (1.0, 1.0)
+    _, result, state, _, elapsed = run_one("hang")
+    noticed = fake.events_of("terminate_missing")[0]["t"] - fake.events_of("vanished")[0]["t"]
+    assert result.status_code != 0 and state.is_crashed() and "vanished" in state.message
+    assert noticed < API_READ_TIMEOUT_S + 2 and elapsed < 30
+
+
 def test_container_exit_without_final_state_crashes(fake: FakeRunPod):
     _, result, state, _, _ = run_one("exit")
     assert state.is_crashed() and "container exited" in state.message

@@ -45,6 +45,7 @@ _EXITED = {"EXITED", "TERMINATED", "DEAD"}
 # Crashed too (refused: the run is already terminal); -1 maps to Prefect's generic "check the logs" hint,
 # not to 1's misleading "unhandled exception in the flow".
 CRASHED_BY_WORKER = -1
+API_READ_TIMEOUT_S = 5.0
 _NOT_STARTED = {StateType.SCHEDULED, StateType.PENDING}
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -193,10 +194,18 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         return any(p.get("id") == pod.pod_id for p in pods)
 
     async def _read_flow_run(self, flow_run_id: UUID, logger: Any) -> FlowRun | None:
+        """The run, or None when the Prefect API fails or is slow: the pod is checked either way. A SQLite-backed
+        server can hold a read for its whole lock timeout (60 s); measured in CI, that delayed a vanished pod's
+        detection by 59 s when the pod check waited for it."""
         try:
-            return await self.client.read_flow_run(flow_run_id)
+            with anyio.fail_after(API_READ_TIMEOUT_S):
+                return await self.client.read_flow_run(flow_run_id)
         except ObjectNotFound:
             raise
+        except TimeoutError:
+            logger.warning("No answer about flow run %s from the Prefect API in %.0f s; checking its pod anyway",
+                           flow_run_id, API_READ_TIMEOUT_S)
+            return None
         except Exception as exc:
             logger.warning("Cannot read flow run %s (%s); still watching", flow_run_id, type(exc).__name__)
             return None
