@@ -6,6 +6,7 @@ Levels are stored as 0/1; the coded value used for effects and generators is -1/
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 
@@ -157,3 +158,18 @@ def pick_top(cell_rates: dict[Cell, float], source: str, k: int) -> list[tuple[i
 def regimes(cells: list[Cell]) -> list[Regime]:
     """Distinct answer sets the cells need: E never changes the answers, so both E levels share one."""
     return sorted({c.regime for c in cells})
+
+
+def job_size(n: int, per_job: int, parallel: int) -> int:
+    """Cells per GPU job for n cells: at most `per_job`, but small enough that `parallel` GPUs all get work."""
+    return max(1, min(per_job, math.ceil(n / parallel)))
+
+
+def group_jobs(cell_ids: list[str], per_job: int, parallel: int) -> list[tuple[str, ...]]:
+    """Cells (and the pre-screen, first) in GPU jobs of job_size cells.
+
+    Ordered by regime (the cells that train on the same answers side by side), so a job generates each of its
+    regimes' answers once and its other cells of that regime reuse them."""
+    ordered = sorted(cell_ids, key=lambda c: "" if c == PRE_SCREEN_ID else Cell.parse(c).regime.id)
+    size = job_size(len(ordered), per_job, parallel)
+    return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]

@@ -152,11 +152,9 @@ def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:
     ex = config.execution
 
     def jobs(n: int) -> int:
-        size = max(1, min(ex.cells_per_job, math.ceil(n / ex.max_parallel_cells))) if n else 1
-        return math.ceil(n / size)
+        return math.ceil(n / design.job_size(n, ex.cells_per_job, ex.max_parallel_cells))
 
-    slab_sizes = [32 - (n_smoke if source == (config.smoke_source or config.sources[0]) else 0)
-                  for source in config.sources]
+    slab_sizes = [32 - (n_smoke if source == config.smoke else 0) for source in config.sources]
     return 1 + jobs(n_smoke) + sum(jobs(n) for n in slab_sizes) + jobs(n_multi)
 
 

@@ -87,13 +87,17 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def local_dir(root: str | Path) -> Path:
+    """A local store's directory, from a path or a file:// URL."""
+    return Path(str(root).removeprefix("file://")).expanduser().resolve()
+
+
 class ResultStore:
     def __init__(self, root: str | Path, screen: str, cache: str | Path | None = None, options: dict | None = None):
         root = str(root)
         self.url = root.rstrip("/") if is_url(root) else None
         self.remote = Remote(self.url, options) if self.url else None
-        local = (cache or default_cache(self.url)) if self.url else root.removeprefix("file://")
-        self.root = Path(local).expanduser().resolve()
+        self.root = Path(cache or default_cache(self.url)).expanduser().resolve() if self.url else local_dir(root)
         self.screen = screen
         self.dir = self.root / screen
 
@@ -279,7 +283,7 @@ def screen_names(root: str | Path) -> list[str]:
     """The screens of a store (those with a screen.json), local or at a URL (options from the environment)."""
     if is_url(str(root)):
         return [p.split("/")[0] for p in Remote(str(root)).glob("*/screen.json")]
-    return sorted(p.parent.name for p in Path(str(root).removeprefix("file://")).expanduser().glob("*/screen.json"))
+    return sorted(p.parent.name for p in local_dir(root).glob("*/screen.json"))
 
 
 def read_screen(root: str | Path, name: str) -> dict | None:
@@ -289,5 +293,5 @@ def read_screen(root: str | Path, name: str) -> dict | None:
             return json.loads(Remote(str(root)).read(f"{name}/screen.json"))
         except FileNotFoundError:
             return None
-    path = Path(str(root).removeprefix("file://")).expanduser() / name / "screen.json"
+    path = local_dir(root) / name / "screen.json"
     return read_json(path) if path.exists() else None

@@ -65,11 +65,6 @@ def aggregate(config: ScreenConfig) -> dict:
     }
 
 
-def screens_in(store_root: str | Path) -> list[str]:
-    """Names of the screens in a store (a directory or a URL)."""
-    return screen_names(store_root)
-
-
 def _stale(store: ResultStore) -> bool:
     """New results since the last report: any metrics.json newer than aggregate_metrics.json."""
     report = store.mtimes("report/aggregate_metrics.json")
@@ -83,7 +78,7 @@ def _stale(store: ResultStore) -> bool:
 def aggregate_all(store: str = "results") -> dict:
     """The scheduled job: re-aggregate every screen in the store that has results newer than its report."""
     done = {}
-    for name in screens_in(store):
+    for name in screen_names(store):
         config = load_screen(store, name)
         if _stale(ResultStore.for_config(config)):
             done[config.name] = aggregate(config)["report"]

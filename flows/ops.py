@@ -20,7 +20,7 @@ from typing import Any
 from eps_screen.config import ScreenConfig, parse_config
 from eps_screen.plan import make_plan, phase_cells
 from eps_screen.remote import is_url
-from eps_screen.store import ResultStore, read_screen, screen_names
+from eps_screen.store import ResultStore, local_dir, read_screen, screen_names
 
 SCREEN_DEPLOYMENT = "screen/screen"
 _RUNNING = {"RUNNING", "PENDING", "CANCELLING"}
@@ -135,7 +135,7 @@ def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
         known = screen_names(store_root)
         raise ScreenNotFound(f"no screen {name!r} in store {store_root} (found: {', '.join(known) or 'none'})")
     root = str(store_root)
-    store = root if is_url(root) else str(Path(root.removeprefix("file://")).expanduser().resolve())
+    store = root if is_url(root) else str(local_dir(root))
     return parse_config({**saved["config"], "store": store, "store_cache": None})
 
 

@@ -63,7 +63,8 @@ def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> di
     Finished cells are read here: a GPU job started only to find its cells finished would cost a pod start-up
     (minutes, billed) for every smoke cell in its slab and for every cell of a resumed screen."""
     store = ResultStore.for_config(config)
-    finished = {c.id: cell_summary(store.cell_metrics(config, c)) for c in cells if store.is_finished(config, c)}
+    metrics = {c.id: store.cell_metrics(config, c) for c in cells}
+    finished = {cell_id: cell_summary(m) for cell_id, m in metrics.items() if m is not None}
     progress.advance(list(finished))
     todo = [c.id for c in cells if c.id not in finished]
     dispatched = _on_pool(config, todo, on_done=lambda cell_id: progress.advance([cell_id])) if todo else {}
@@ -165,10 +166,11 @@ def _phases(config: ScreenConfig, pool):
     # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
     smoke_cells = design.smoke_cells(config)
     smoke = run_cells(config, smoke_cells, progress, pool)
-    missing = [c.id for c in smoke_cells if not store.is_finished(config, c)]
+    metrics = {c.id: store.cell_metrics(config, c) for c in smoke_cells}
+    missing = [cell_id for cell_id, m in metrics.items() if m is None]
     if missing:  # a GPU pool that writes to a store this flow cannot read
         return Failed(message=f"smoke cells ran but are not in the store {store.location}: {missing}")
-    rates = [store.cell_metrics(config, c)["source_rate"] for c in smoke_cells]
+    rates = [m["source_rate"] for m in metrics.values()]
     verdict = gates.smoke(rates, config.gates.smoke_floor, config.gates.smoke_ceiling)
     store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
     store.save_gate(verdict.model_dump(mode="json"))

@@ -25,7 +25,6 @@ re-attaches to its cells' runs instead of duplicating them.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import time
 from collections import deque
@@ -35,7 +34,7 @@ from typing import Any
 from uuid import UUID
 
 from eps_screen.config import ScreenConfig
-from eps_screen.design import PRE_SCREEN_ID, Cell
+from eps_screen.design import group_jobs
 
 _INFRA_FAILURE = re.compile(
     r"infrastructure|submission failed|could not be (retrieved|loaded|submitted)|pull step",
@@ -89,16 +88,6 @@ class _Job:
     @property
     def name(self) -> str:
         return self.cell_ids[0] if len(self.cell_ids) == 1 else f"{self.cell_ids[0]}+{len(self.cell_ids) - 1}"
-
-
-def group_jobs(cell_ids: list[str], per_job: int, parallel: int) -> list[tuple[str, ...]]:
-    """Cells in jobs of at most `per_job`, but small enough that `parallel` GPUs all get work.
-
-    Ordered by regime (the cells that train on the same answers side by side), so a job generates each of its
-    regimes' answers once and its other cells of that regime reuse them."""
-    ordered = sorted(cell_ids, key=lambda c: "" if c == PRE_SCREEN_ID else Cell.parse(c).regime.id)
-    size = max(1, min(per_job, math.ceil(len(ordered) / parallel)))
-    return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]
 
 
 @dataclass

@@ -229,8 +229,7 @@ def test_jobs_run_cells_in_a_row_and_a_crashed_job_is_resubmitted_whole(harness)
 
 
 def test_job_size_keeps_every_gpu_busy_and_groups_regimes():
-    from eps_screen.design import all_slab_cells
-    from tasks.dispatch import group_jobs
+    from eps_screen.design import all_slab_cells, group_jobs
 
     slab = [c.id for c in all_slab_cells(ScreenConfig(name="unit")) if c.source == "librarian"]
     assert len(slab) == 32

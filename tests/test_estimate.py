@@ -54,8 +54,8 @@ def test_tiny_preset_costs_nothing():
 
 
 def test_start_up_counts_the_jobs_dispatch_will_form():
+    from eps_screen.design import group_jobs
     from eps_screen.estimate import gpu_jobs
-    from tasks.dispatch import group_jobs
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     assert config.execution.cells_per_job == 4 and config.execution.max_parallel_cells == 8

@@ -17,7 +17,7 @@ from eps_screen import pipeline
 from eps_screen.config import ConfigError, parse_config
 from eps_screen.design import Cell
 from eps_screen.remote import Remote
-from eps_screen.store import ResultStore
+from eps_screen.store import ResultStore, screen_names
 from tests.conftest import CONFIGS
 from tests.integration.conftest import free_port
 
@@ -124,7 +124,7 @@ def test_a_push_interrupted_before_metrics_is_not_finished_and_the_retry_complet
 
 
 def test_gates_phases_and_screens_round_trip(url, tmp_path):
-    from flows.aggregate import _stale, screens_in
+    from flows.aggregate import _stale
     from flows.ops import ScreenNotFound, load_screen
 
     a = simulated(url, tmp_path / "a")
@@ -137,7 +137,7 @@ def test_gates_phases_and_screens_round_trip(url, tmp_path):
     assert [g["number"] for g in store_a.gates()] == [1, 2]
 
     store_a.save_screen({"config": a.model_dump(mode="json")})
-    assert screens_in(url) == ["simulated"]
+    assert screen_names(url) == ["simulated"]
     loaded = load_screen(url, "simulated")
     assert loaded.store == url and loaded.store_cache is None and loaded.name == "simulated"
     with pytest.raises(ScreenNotFound, match="found: simulated"):
