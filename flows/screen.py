@@ -41,7 +41,10 @@ class Progress:
 
     def advance(self, cell_ids: list[str]) -> None:
         self.done.update(cell_ids)
-        update_progress_artifact(self.id, progress=100.0 * len(self.done) / self.total)
+        try:
+            update_progress_artifact(self.id, progress=100.0 * len(self.done) / self.total)
+        except Exception as exc:  # a bar that lags must not stop the screen; the next cell's update catches up
+            get_run_logger().warning("progress artifact not updated (%s: %s)", type(exc).__name__, str(exc)[:200])
 
 
 class Stopped(Exception):
@@ -88,7 +91,7 @@ def _pre_screen(config: ScreenConfig) -> dict:
 def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, dict]:
     """dispatch_cells under the screen's rules: kill criterion 5 ends the screen Killed, with its gate saved;
     cells that failed every resubmission end it Failed. Finished work stays in the store either way."""
-    from tasks.dispatch import CostOverrun, DispatchStopped, dispatch_cells
+    from tasks.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
 
     budget = make_plan(config).estimate.get("cost_usd")
     try:
@@ -100,9 +103,11 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
         )
         ResultStore.for_config(config).save_gate(outcome.model_dump(mode="json"))
         raise Stopped(killed(outcome)) from None
-    except DispatchStopped as stop:
-        failed = "; ".join(f"{c}: {m}" for c, m in list(getattr(stop, "failed", {}).items())[:5])
+    except CellsFailed as stop:
+        failed = "; ".join(f"{c}: {m}" for c, m in list(stop.failed.items())[:5])
         raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
+    except DispatchStopped as stop:
+        raise Stopped(Failed(message=str(stop))) from None
 
 
 def _run_here(config: ScreenConfig, cells: list[Cell], progress: Progress, pool) -> dict[str, dict]:

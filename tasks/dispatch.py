@@ -20,6 +20,13 @@ runs still in flight or without a cost artifact. On overrun, dispatch stops, can
 
 Flow runs get idempotency keys `<key_prefix>:<cells>:a<attempt>`, so a screen flow run that is retried
 re-attaches to its cells' runs instead of duplicating them.
+
+The Prefect API may fail for a while (a SQLite-backed server answers 500 when every connection waits on its
+lock; a restart drops connections). Dispatch outlives that: a submission or poll that fails with a 5xx or a
+transport error is logged and tried again on the next poll (a submission keeps its idempotency key, so a run
+created before the error is found again, not doubled). Only an API that stays down for `api_outage_s`
+stops dispatch, with `ApiUnavailable`; the runs in flight keep going and write to the store, so running the
+screen again later resumes.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ from uuid import UUID
 
 from eps_screen.config import ScreenConfig
 from eps_screen.design import group_jobs
+
+# Long enough to ride out a SQLite server's lock stall (minutes) or a server restart; short enough that a server
+# that is gone for good stops the screen the same hour.
+API_OUTAGE_S = 900.0
 
 _INFRA_FAILURE = re.compile(
     r"infrastructure|submission failed|could not be (retrieved|loaded|submitted)|pull step",
@@ -74,6 +85,21 @@ class CellsFailed(DispatchStopped):
         self.failed = failed
 
 
+class ApiUnavailable(DispatchStopped):
+    """The Prefect API failed every request for longer than the outage dispatch tolerates."""
+
+    outcome = "ApiUnavailable"
+
+
+def _transient(exc: BaseException) -> bool:
+    """An API error worth waiting out: a 5xx answer or no answer at all. A 4xx is a bug, raised at once."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
 @dataclass
 class _Job:
     """One flow run's worth of cells, run in a row on one GPU (the base model loads once per job)."""
@@ -105,24 +131,27 @@ class _Ledger:
 
 def dispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
                    *, poll_s: float = 5.0, key_prefix: str | None = None,
-                   cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None) -> dict[str, dict]:
+                   cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None,
+                   api_outage_s: float = API_OUTAGE_S) -> dict[str, dict]:
     """Blocking wrapper around `adispatch_cells` (usable from a sync flow)."""
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     return run_coro_as_sync(adispatch_cells(config, cell_ids, deployment, budget_usd, poll_s=poll_s,
-                                            key_prefix=key_prefix, cancel_wait_s=cancel_wait_s, on_done=on_done))
+                                            key_prefix=key_prefix, cancel_wait_s=cancel_wait_s, on_done=on_done,
+                                            api_outage_s=api_outage_s))
 
 
 async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
                           *, poll_s: float = 5.0, key_prefix: str | None = None,
-                          cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None
-                          ) -> dict[str, dict]:
+                          cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None,
+                          api_outage_s: float = API_OUTAGE_S) -> dict[str, dict]:
     """Run every cell to completion on `deployment`; returns {cell_id: the cell flow's summary}.
 
     `on_done(cell_id)` is called (in a thread: it may call Prefect's sync client) as each cell completes, so the
     screen's progress artifact moves per cell rather than per phase.
 
-    Raises CostOverrun (kill criterion 5) or CellsFailed; both carry `.summaries` of the completed cells.
+    Raises CostOverrun (kill criterion 5), CellsFailed or ApiUnavailable; each carries `.summaries` of the
+    completed cells.
     """
     import anyio
     from prefect import get_run_logger
@@ -150,6 +179,23 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
         if ex.pool == "runpod-gpu" else None
     )
 
+    outage_since: float | None = None  # monotonic time of the first API failure of the current outage
+
+    def api_failed(exc: BaseException, doing: str) -> None:
+        nonlocal outage_since
+        if not _transient(exc):
+            raise exc
+        outage_since = outage_since or time.monotonic()
+        down = time.monotonic() - outage_since
+        logger.warning("Prefect API failed while %s (%s: %s); down %.0f s, trying again in %.0f s", doing,
+                       type(exc).__name__, str(exc)[:200], down, poll_s)
+        if down > api_outage_s:
+            raise ApiUnavailable(
+                f"The Prefect API failed every request for {down:.0f} s (over {api_outage_s:.0f} s) while {doing}: "
+                f"{type(exc).__name__}: {str(exc)[:200]}. {len(done)} cells finished and are in the store; "
+                f"{len(in_flight)} job(s) in flight keep running. Once the server answers, run the screen again "
+                "(or `eps-screen retry`): finished cells are not recomputed.", done) from exc
+
     async with get_client() as client:
         while queue or in_flight:
             now = time.monotonic()
@@ -161,7 +207,13 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                 if job.not_before > now:
                     queue.append(job)
                     continue
-                job.flow_run_id = await _submit(client, config, job, deployment, prefix, job_variables)
+                try:
+                    job.flow_run_id = await _submit(client, config, job, deployment, prefix, job_variables)
+                except Exception as exc:
+                    queue.appendleft(job)
+                    api_failed(exc, f"submitting cell {job.name}")
+                    break
+                outage_since = None
                 job.active_since = None
                 in_flight[job.name] = job
                 logger.info("Cell %s attempt %d -> flow run %s", job.name, job.attempt, job.flow_run_id)
@@ -169,7 +221,12 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
             # 2. read the runs in flight
             ids = [c.flow_run_id for c in in_flight.values() if c.flow_run_id is not None]
             in_ids = FlowRunFilter(id=FlowRunFilterId(any_=ids))
-            runs = {r.id: r for r in await client.read_flow_runs(flow_run_filter=in_ids)} if ids else {}
+            try:
+                runs = {r.id: r for r in await client.read_flow_runs(flow_run_filter=in_ids)} if ids else {}
+                outage_since = None
+            except Exception as exc:
+                api_failed(exc, "reading the runs in flight")
+                runs = {}
             for job in list(in_flight.values()):
                 run = runs.get(job.flow_run_id)  # type: ignore[arg-type]
                 state = run.state if run else None
@@ -204,7 +261,10 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                                  failed[job.cell_ids[0]])
 
             # 3. kill criterion 5
-            await _price_finished_runs(client, ledger)
+            try:
+                await _price_finished_runs(client, ledger)
+            except Exception as exc:
+                api_failed(exc, "reading pod costs")
             active = [now - c.active_since for c in in_flight.values() if c.active_since is not None]
             spend = ledger.total(active)
             too_long = [c.name for c in in_flight.values()

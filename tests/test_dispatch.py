@@ -34,9 +34,10 @@ from prefect.client.schemas.objects import StateType  # noqa: E402
 from prefect.states import Cancelled, Completed, Crashed, Failed, Pending, Running  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
+import tasks.dispatch  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
 from eps_screen.design import Cell  # noqa: E402
-from tasks.dispatch import CellsFailed, CostOverrun, adispatch_cells  # noqa: E402
+from tasks.dispatch import API_OUTAGE_S, ApiUnavailable, CellsFailed, CostOverrun, adispatch_cells  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 DEPLOYMENT = "cell/dispatch-unit"
@@ -120,7 +121,8 @@ class Executor:
 LAST: list[Executor] = [None]  # type: ignore[list-item]  # the latest Executor, for tests whose dispatch raises
 
 
-def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None, **execution):
+def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None, api_outage_s=API_OUTAGE_S,
+             **execution):
     executor = LAST[0] = Executor(harness, script, cost_usd)
 
     async def main():
@@ -129,7 +131,7 @@ def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None
             try:
                 return await adispatch_cells(screen_config(**execution), cells, DEPLOYMENT, budget_usd,
                                              poll_s=0.2, key_prefix=f"k{time.time_ns()}", cancel_wait_s=10,
-                                             on_done=on_done)
+                                             on_done=on_done, api_outage_s=api_outage_s)
             finally:
                 tg.cancel_scope.cancel()
 
@@ -226,6 +228,69 @@ def test_jobs_run_cells_in_a_row_and_a_crashed_job_is_resubmitted_whole(harness)
     # jobs of 3 (7 cells, 2 GPUs: 3 per job still keeps both busy), and the crashed job again with all its cells
     assert sorted(ex.jobs) == [["c0", "c1", "c2"], ["c3", "c4", "c5"], ["c3", "c4", "c5"], ["c6"]]
     assert [s for s in ex.seen if s[0] == "c3"] == [("c3", 0, "crash"), ("c3", 1, "complete")]
+
+
+def http_error(status: int):
+    import httpx
+
+    request = httpx.Request("POST", "http://127.0.0.1/api/flow_runs/filter")
+    return httpx.HTTPStatusError(f"Server error '{status}'", request=request,
+                                 response=httpx.Response(status, request=request))
+
+
+def fail_dispatch_reads(monkeypatch, failures: int | None, status: int = 500) -> list[int]:
+    """Dispatch's reads of its runs fail with `status` (the first `failures` of them, or all); the Executor's,
+    which filter by deployment, still work. Returns a list that grows by one per failed read."""
+    from prefect.client.orchestration import PrefectClient
+
+    real, failed = PrefectClient.read_flow_runs, []
+
+    async def read_flow_runs(self, **kwargs):
+        if "deployment_filter" not in kwargs and (failures is None or len(failed) < failures):
+            failed.append(status)
+            raise http_error(status)
+        return await real(self, **kwargs)
+
+    monkeypatch.setattr(PrefectClient, "read_flow_runs", read_flow_runs)
+    return failed
+
+
+def test_api_failures_are_waited_out_and_a_lost_submit_answer_does_not_double_a_run(harness, monkeypatch):
+    # A SQLite server whose connections all wait on its lock answers 500 for a while: dispatch keeps polling.
+    failed_reads = fail_dispatch_reads(monkeypatch, failures=4)
+    real_submit, lost = tasks.dispatch._submit, []
+
+    async def submit(client, config, job, *args):
+        run_id = await real_submit(client, config, job, *args)
+        if not lost:  # the run was created but the answer never arrived
+            lost.append(run_id)
+            raise http_error(503)
+        return run_id
+
+    monkeypatch.setattr(tasks.dispatch, "_submit", submit)
+    cells = ids("c0", "c1", "c2")
+    out, ex = dispatch(harness, lambda c, a: "complete", cells, max_parallel_cells=2)
+    assert sorted(out) == cells and failed_reads == [500] * 4 and len(lost) == 1
+    # the same idempotency key found the run created before the error: every cell ran exactly once
+    assert sorted(c for c, _, _ in ex.seen) == ["c0", "c1", "c2"]
+
+
+def test_an_api_down_longer_than_the_outage_stops_dispatch_with_what_to_do(harness, monkeypatch):
+    fail_dispatch_reads(monkeypatch, failures=None)
+    t0 = time.monotonic()
+    with pytest.raises(ApiUnavailable) as err:
+        dispatch(harness, lambda c, a: "complete", ids("c0", "c1"), api_outage_s=1.0)
+    assert 1.0 < time.monotonic() - t0 < 30
+    assert "Prefect API failed every request" in str(err.value) and "run the screen again" in str(err.value)
+    assert err.value.summaries == {}
+
+
+def test_a_client_error_from_the_api_is_not_waited_out(harness, monkeypatch):
+    import httpx
+
+    fail_dispatch_reads(monkeypatch, failures=None, status=422)
+    with pytest.raises(httpx.HTTPStatusError):
+        dispatch(harness, lambda c, a: "complete", ids("c0"))
 
 
 def test_job_size_keeps_every_gpu_busy_and_groups_regimes():
