@@ -56,8 +56,6 @@ def cmd_analyze_table(args) -> int:
 def _prefect_env() -> None:
     """Before Prefect is imported: no telemetry, and time for a temporary server to start on a busy machine."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A SQLite-backed server waits this long for a lock before answering 503 (Prefect's default: 10 s).
-    os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 

@@ -57,9 +57,6 @@ def serve(home: Path, **env: str) -> Iterator[tuple[str, Path]]:
     log = open(log_path, "wb")
     proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=quiet_env(home, PREFECT_UI_API_URL=url, PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",
-                                          # SQLite waits this long for a lock before a 503 (default 10 s): the
-                                          # setting docs/walkthroughs.md gives for a SQLite-backed server.
-                                          PREFECT_SERVER_DATABASE_TIMEOUT="60",
                                           **env), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
