@@ -27,6 +27,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -100,6 +102,7 @@ class ResultStore:
         self.root = Path(cache or default_cache(self.url)).expanduser().resolve() if self.url else local_dir(root)
         self.screen = screen
         self.dir = self.root / screen
+        self._listed: set[str] | None = None  # remote cell markers, while `listing()` is open
 
     @classmethod
     def for_config(cls, config: ScreenConfig) -> ResultStore:
@@ -172,7 +175,24 @@ class ResultStore:
         if (d / f".{marker}.unpushed").exists():  # computed here, push interrupted: finish it
             self._push_staged(d, marker)
             return True
-        return self.remote.get(self._rel(d / marker), d / marker)
+        rel = self._rel(d / marker)
+        if self._listed is not None and marker == "metrics.json" and rel not in self._listed:
+            return False
+        return self.remote.get(rel, d / marker)
+
+    @contextmanager
+    def listing(self) -> Iterator[None]:
+        """While open, a cell that is not finished here is looked up in one listing of the URL's finished cells
+        instead of a request each (status, dispatch and the smoke gate ask about every cell of a phase). A cell
+        finished elsewhere after the listing reads as unfinished until the next one."""
+        if self.remote is None or self._listed is not None:
+            yield
+            return
+        self._listed = set(self.remote.glob(f"{self.screen}/cells/*/*/metrics.json"))
+        try:
+            yield
+        finally:
+            self._listed = None
 
     # --- regimes -------------------------------------------------------------------------------------
     def regime_dir(self, config: ScreenConfig, regime: Regime) -> Path:

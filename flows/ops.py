@@ -141,7 +141,8 @@ def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
 
 def store_status(config: ScreenConfig) -> ScreenStatus:
     store = ResultStore.for_config(config)
-    cells = phase_cells(config, store)
+    with store.listing():
+        cells = phase_cells(config, store)
     phases: dict[str, list[str]] = {"smoke": [c.id for c in cells["smoke"]]}
     for source in config.sources:
         phases[f"slab {source}"] = [c.id for c in cells["slab"] if c.source == source]
@@ -150,12 +151,13 @@ def store_status(config: ScreenConfig) -> ScreenStatus:
     for row, ids in phases.items():
         for cid in ids:
             status.setdefault(cid, CellStatus(cid, [])).phases.append(row)
-    for phase_cells_ in cells.values():
-        for cell in phase_cells_:
-            metrics = store.cell_metrics(config, cell)
-            if metrics is not None:
-                s = status[cell.id]
-                s.state, s.source_rate, s.leakage = "finished", metrics["source_rate"], metrics["leakage"]
+    with store.listing():
+        for phase_cells_ in cells.values():
+            for cell in phase_cells_:
+                metrics = store.cell_metrics(config, cell)
+                if metrics is not None:
+                    s = status[cell.id]
+                    s.state, s.source_rate, s.leakage = "finished", metrics["source_rate"], metrics["leakage"]
     return ScreenStatus(config, store.dir, status, phases, bool(cells["multiseed"]), store.gates())
 
 

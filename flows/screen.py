@@ -66,7 +66,8 @@ def _dispatch(config: ScreenConfig, cells: list[Cell], progress: Progress) -> di
     Finished cells are read here: a GPU job started only to find its cells finished would cost a pod start-up
     (minutes, billed) for every smoke cell in its slab and for every cell of a resumed screen."""
     store = ResultStore.for_config(config)
-    metrics = {c.id: store.cell_metrics(config, c) for c in cells}
+    with store.listing():
+        metrics = {c.id: store.cell_metrics(config, c) for c in cells}
     finished = {cell_id: cell_summary(m) for cell_id, m in metrics.items() if m is not None}
     progress.advance(list(finished))
     todo = [c.id for c in cells if c.id not in finished]

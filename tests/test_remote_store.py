@@ -99,6 +99,25 @@ def test_a_cell_saved_through_one_cache_is_finished_in_another(url, tmp_path):
     assert where == store_b.location_of(store_b.cell_dir(b, CELL) / "adapter")
 
 
+def test_status_lists_the_url_once_instead_of_asking_per_cell(url, tmp_path, monkeypatch):
+    from flows.ops import store_status
+
+    a = simulated(url, tmp_path / "a")
+    pipeline.run_cell(a, CELL, ResultStore.for_config(a))
+    gets: list[str] = []
+    real_get = Remote.get
+
+    def counting_get(self, rel, local):
+        gets.append(rel)
+        return real_get(self, rel, local)
+
+    monkeypatch.setattr(Remote, "get", counting_get)
+    status = store_status(simulated(url, tmp_path / "b"))  # another machine: nothing in its cache
+    assert status.cells[CELL.id].state == "finished" and len(status.cells) == 96  # the slabs; multi-seed unknown
+    cell_gets = [g for g in gets if "/cells/" in g]
+    assert cell_gets == [f"simulated/cells/{CELL.id}/{ResultStore.for_config(a).cell_dir(a, CELL).name}/metrics.json"]
+
+
 def test_a_push_interrupted_before_metrics_is_not_finished_and_the_retry_completes_it(url, tmp_path, monkeypatch):
     a, b = simulated(url, tmp_path / "a"), simulated(url, tmp_path / "b")
     store_a, store_b = ResultStore.for_config(a), ResultStore.for_config(b)
