@@ -35,6 +35,16 @@ VARIANTS = [
     ("static-cache+compile", "A1", 256, "static"),
     ("static-cache+compile+lora", "A0", 256, "static-lora"),
     ("static-cache+compile", "A0", 512, "static"),
+    # larger eval batches (plain generate is bound by Python per decode step, so rows per step are nearly free)
+    ("generate", "A0", 1024, "plain"),
+    ("generate+lora", "A0", 1024, "lora"),
+    ("generate", "A1", 1024, "plain"),
+    ("generate+lora", "A1", 1024, "lora"),
+    ("generate+lora", "A1", 256, "lora"),
+    ("generate", "A0", 2048, "plain"),
+    ("generate+lora", "A0", 2048, "lora"),
+    ("generate", "A1", 512, "plain"),
+    ("generate+lora", "A1", 512, "lora"),
 ]
 
 

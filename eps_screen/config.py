@@ -143,7 +143,12 @@ class EvalConfig(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     random_controls: int = Field(20, ge=0, description="Random-control prompts (no persona), 0 to skip.")
-    batch_size: int = Field(256, ge=1, description="Prompts per generate() call (transformers backend).")
+    batch_size: int = Field(256, ge=1, description="Prompts per generate() call (transformers backend); each gives `samples` sequences.")
+    batch_prompt_tokens: int | None = Field(
+        None, ge=1,
+        description="Cap on padded prompt tokens per generate() call, samples included (transformers backend): short "
+        "prompts go in batch_size calls, long ones in smaller calls. 270000 fits a 7B model with a LoRA adapter in "
+        "96 GB (BENCHMARKS.md); None: no cap.")
     vllm_max_loras: int = Field(8, ge=1, description="Adapters active at once in one vLLM batch.")
     vllm_max_cpu_loras: int | None = Field(None, ge=1, description="Adapters cached in CPU memory (default 2 x vllm_max_loras).")
     vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=0.98)

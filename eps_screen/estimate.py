@@ -59,11 +59,19 @@ H200_TRAIN = {
     },
 }
 H200_COMPILE_WARMUP_S = Figure(25, "s per process", _R + "gpu_train_h200_compile.json", "first A1B1 run minus steady")
-# Generation tokens/s on one H200, transformers `generate` (dynamic cache, batch 256, sampling), 7B-shaped.
+# Generation tokens/s on one H200, transformers `generate` (dynamic cache, sampling, 256 new tokens), 7B-shaped, by
+# prompt condition and sequences per generate() call (decode is bound by Python per step, so more rows are nearly
+# free until memory runs out). With a PEFT LoRA adapter (r=32) where measured: cells are evaluated with theirs.
+_GB = _R + "gpu_generate_h200_batch3.json"  # one process, every call with the adapter (runs 1-2: +-25% around these)
 H200_GENERATE = {
-    "A0": Figure(3170, "tokens/s", _R + "gpu_generate_h200.json", "45-token prompts, 256 new tokens"),
-    "A1": Figure(2413, "tokens/s", _R + "gpu_generate_h200.json", "1045-token prompts, 256 new tokens"),
+    "A0": {256: Figure(2708, "tokens/s", _GB, "45-token prompts, LoRA adapter, 256 rows"),
+           1024: Figure(8626, "tokens/s", _GB, "45-token prompts, LoRA adapter, 1024 rows"),
+           2048: Figure(11645, "tokens/s", _GB, "45-token prompts, LoRA adapter, 2048 rows")},
+    "A1": {256: Figure(1819, "tokens/s", _GB, "1045-token prompts, LoRA adapter, 256 rows")},
 }
+# Rows per call that ran out of the H200's memory: prefill holds rows x 1045 tokens x the 18,944-wide MLP (37.8 GiB at
+# 1024 rows) beside the KV cache; 512 rows failed too, with and without an adapter.
+H200_GENERATE_OOM_ROWS = {"A1": 512}
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -146,6 +154,17 @@ def sequence_tokens(config: ScreenConfig, a: int, b: int) -> tuple[float, float,
     return prompt, answer, seq
 
 
+def generate_rows(config: ScreenConfig, a: int) -> int:
+    """Sequences per transformers generate() call for A=a prompts: eval.batch_size prompts x samples, fewer where
+    eval.batch_prompt_tokens caps the padded prompt tokens (as TransformersGenerator's batch_spans does)."""
+    ev = config.eval
+    prompts = ev.batch_size
+    if ev.batch_prompt_tokens:
+        prompt_tokens = math.ceil(sequence_tokens(config, a, 0)[0])
+        prompts = max(1, min(prompts, ev.batch_prompt_tokens // (ev.samples * prompt_tokens)))
+    return prompts * ev.samples
+
+
 def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:
     """GPU jobs (pod or process start-ups) the screen dispatches, as tasks/dispatch.py groups them: the
     pre-screen, the smoke cells, each source's slab without its smoke cells, the multi-seed cells."""
@@ -221,9 +240,16 @@ def estimate(config: ScreenConfig) -> Estimate:
         for c in CONDITIONS:
             figures[f"train {c} ({profile})"] = train_rate[c]
         backend = config.backend.generation
-        gen_rate = {0: H200_GENERATE["A0"], 1: H200_GENERATE["A1"]}
-        figures["generate A0 (transformers, batch 256)"] = gen_rate[0]
-        figures["generate A1 (transformers, batch 256)"] = gen_rate[1]
+        gen_rate = {}
+        for a in (0, 1):
+            rows = generate_rows(config, a)
+            measured = H200_GENERATE[f"A{a}"]
+            gen_rate[a] = measured[max([r for r in measured if r <= rows], default=min(measured))]
+            figures[f"generate A{a} (transformers, {rows} rows per call)"] = gen_rate[a]
+            if rows >= H200_GENERATE_OOM_ROWS.get(f"A{a}", math.inf):
+                notes.append(f"transformers: {rows} sequences of A{a} prompts per generate() call; "
+                             f"{H200_GENERATE_OOM_ROWS[f'A{a}']} ran out of memory on the H200: set "
+                             "eval.batch_prompt_tokens (270000 fits) or lower eval.batch_size")
         tail = PADDED_TAIL_FACTOR
         override = getattr(getattr(config, "estimate", None), "generate_tokens_per_s", None)
         if override:

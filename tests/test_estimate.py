@@ -69,3 +69,25 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
     batched, single = estimate(config), estimate(one_per_job)
     assert single.hours["startup"] / batched.hours["startup"] == pytest.approx(115 / 39)
     assert single.hours["train"] == batched.hours["train"]
+
+
+def _qwen_eval(**eval_):
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    return config.model_copy(update={"eval": config.eval.model_copy(update=eval_)})
+
+
+def test_generation_rows_follow_the_prompt_token_cap_and_an_oom_batch_is_named():
+    from eps_screen.estimate import generate_rows
+
+    shipped = _qwen_eval()
+    assert generate_rows(shipped, 0) == 410 * 5  # short prompts: batch_size prompts x samples
+    assert 200 <= generate_rows(shipped, 1) <= 270_000 // 1000  # long prompts: the cap decides
+    assert not any("ran out of memory" in n for n in estimate(shipped).notes)
+    # 256 prompts x 5 samples with no cap: 1280 sequences of 1045-token prompts per call, which did not fit the H200
+    uncapped = _qwen_eval(batch_size=256, batch_prompt_tokens=None)
+    assert generate_rows(uncapped, 1) == 1280
+    note = [n for n in estimate(uncapped).notes if "ran out of memory" in n]
+    assert note and "A1" in note[0] and "eval.batch_prompt_tokens" in note[0]
+    # bigger calls of short prompts were measured faster: the capped config's evaluation is shorter
+    small = _qwen_eval(batch_size=50, batch_prompt_tokens=None)
+    assert estimate(shipped).hours["eval"] < estimate(small).hours["eval"]

@@ -87,6 +87,37 @@ def test_greedy_matches_transformers(setup):
         assert engine.generate(PROMPTS, GREEDY, adapter) == hf.generate(PROMPTS, GREEDY, adapter), adapter
 
 
+def test_batch_spans_cap_rows_times_the_longest_prompt():
+    from eps_screen.generation.transformers_backend import batch_spans
+
+    assert batch_spans(5, 3, samples=1) == [(0, 3), (3, 5)]
+    # 2 samples per prompt: two 10-token prompts are 40 tokens of rows; a 50-token one makes any pair over 100
+    assert batch_spans(4, 10, 2, [10, 10, 50, 10], 100) == [(0, 2), (2, 3), (3, 4)]
+    assert batch_spans(1, 4, 5, [1000], 10) == [(0, 1)]  # over the cap alone: still generated
+
+
+def test_a_prompt_token_cap_splits_calls_without_changing_greedy_answers(setup, monkeypatch):
+    from eps_screen.generation.transformers_backend import TransformersGenerator, chat_messages
+
+    _, base, _, _ = setup
+    calls: list[int] = []
+    real = base.model.generate
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(base.model, "generate", counting)
+    whole = TransformersGenerator(base, batch_size=8).generate(PROMPTS, GREEDY)
+    tok = base.tokenizer
+    texts = tok.apply_chat_template([chat_messages(p) for p in PROMPTS], add_generation_prompt=True, tokenize=False)
+    longest = max(len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"])
+    capped = TransformersGenerator(base, batch_size=8, batch_prompt_tokens=longest).generate(PROMPTS, GREEDY)
+    # the longest prompt fills a call by itself: more calls than one, every prompt in exactly one
+    assert calls[0] == len(PROMPTS) and len(calls) > 2 and sum(calls[1:]) == len(PROMPTS)
+    assert capped == whole
+
+
 def test_sampling_is_seeded_per_answer(setup):
     _, _, adapters, engine = setup
     params = GenerationParams(max_new_tokens=12, temperature=1.0, samples=3, seed=7)

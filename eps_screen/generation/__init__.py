@@ -66,5 +66,6 @@ def make_generator(backend: str, model_ref: str, config) -> Generator:
         from eps_screen.models import load_base
 
         base = load_base(model_ref, config.model.dtype, config.model.attn_implementation, config.model.revision)
-        return TransformersGenerator(base, batch_size=config.eval.batch_size)
+        return TransformersGenerator(base, batch_size=config.eval.batch_size,
+                                     batch_prompt_tokens=config.eval.batch_prompt_tokens)
     raise ValueError(f"backend {backend!r} does not generate text")

@@ -15,9 +15,10 @@ def chat_messages(prompt: Prompt) -> list[dict[str, str]]:
 class TransformersGenerator:
     name = "transformers"
 
-    def __init__(self, base, batch_size: int = 64):
+    def __init__(self, base, batch_size: int = 64, batch_prompt_tokens: int | None = None):
         self.base = base  # eps_screen.models.BaseModel
         self.batch_size = batch_size
+        self.batch_prompt_tokens = batch_prompt_tokens
 
     def generate(self, prompts: Sequence[Prompt], params: GenerationParams, adapter: str | None = None) -> list[list[str]]:
         if adapter is None:
@@ -42,8 +43,13 @@ class TransformersGenerator:
         tok = self.base.tokenizer
         greedy = params.temperature == 0
         out: list[list[str]] = []
-        for start in range(0, len(prompts), self.batch_size):
-            batch = prompts[start : start + self.batch_size]
+        lengths = None
+        if self.batch_prompt_tokens:
+            texts = tok.apply_chat_template([chat_messages(p) for p in prompts], add_generation_prompt=True,
+                                            tokenize=False)
+            lengths = [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+        for start, end in batch_spans(len(prompts), self.batch_size, params.samples, lengths, self.batch_prompt_tokens):
+            batch = prompts[start:end]
             enc = tok.apply_chat_template(
                 [chat_messages(p) for p in batch],
                 add_generation_prompt=True,
@@ -67,3 +73,24 @@ class TransformersGenerator:
             texts = tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             out.extend(texts[i : i + params.samples] for i in range(0, len(texts), params.samples))
         return out
+
+
+def batch_spans(n: int, batch_size: int, samples: int, lengths: Sequence[int] | None = None,
+                max_tokens: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) of each generate() call over n prompts in order: at most batch_size prompts, and, given prompt
+    lengths and max_tokens, at most max_tokens padded prompt tokens over the call's rows (prompts x samples,
+    each as long as the call's longest prompt): short prompts go in big calls, long ones in small ones, since
+    prefill memory grows with rows x length. A prompt alone over the cap still gets a call of its own."""
+    spans, start = [], 0
+    while start < n:
+        end, longest = start + 1, lengths[start] if lengths else 0
+        while end < n and end - start < batch_size:
+            if lengths is not None and max_tokens:
+                longer = max(longest, lengths[end])
+                if (end + 1 - start) * samples * longer > max_tokens:
+                    break
+                longest = longer
+            end += 1
+        spans.append((start, end))
+        start = end
+    return spans
