@@ -40,7 +40,7 @@ def main() -> None:
 
     from eps_screen.config import parse_config
     from eps_screen.generation import GenerationParams, Prompt
-    from eps_screen.generation.transformers_backend import TransformersGenerator, chat_messages
+    from eps_screen.generation.transformers_backend import TransformersGenerator, batch_spans, chat_messages
     from eps_screen.models import BaseModel, load_tokenizer
     from eps_screen.panels import load_panels
 
@@ -83,7 +83,8 @@ def main() -> None:
         text = tok.apply_chat_template(chat_messages(prompt), add_generation_prompt=True, tokenize=False)
         prompt_tokens = len(tok(text, add_special_tokens=False)["input_ids"])
         if n is None:  # one capped call's worth
-            n = max(1, cap // (ev.samples * prompt_tokens)) if cap else batch_size
+            start, end = batch_spans(batch_size, batch_size, ev.samples, [prompt_tokens] * batch_size, cap)[0]
+            n = end - start
         if args.tiny:
             n, new_tokens = min(n, 8), 4
         gen = TransformersGenerator(base, batch_size=batch_size, batch_prompt_tokens=cap)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from eps_screen import design
 from eps_screen.config import ScreenConfig
+from eps_screen.generation.transformers_backend import batch_spans
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 
@@ -155,14 +156,13 @@ def sequence_tokens(config: ScreenConfig, a: int, b: int) -> tuple[float, float,
 
 
 def generate_rows(config: ScreenConfig, a: int) -> int:
-    """Sequences per transformers generate() call for A=a prompts: eval.batch_size prompts x samples, fewer where
-    eval.batch_prompt_tokens caps the padded prompt tokens (as TransformersGenerator's batch_spans does)."""
+    """Sequences per transformers generate() call for A=a prompts: the first call TransformersGenerator would make
+    over a full batch of them (eval.batch_size prompts x samples, fewer under eval.batch_prompt_tokens)."""
     ev = config.eval
-    prompts = ev.batch_size
-    if ev.batch_prompt_tokens:
-        prompt_tokens = math.ceil(sequence_tokens(config, a, 0)[0])
-        prompts = max(1, min(prompts, ev.batch_prompt_tokens // (ev.samples * prompt_tokens)))
-    return prompts * ev.samples
+    prompt_tokens = math.ceil(sequence_tokens(config, a, 0)[0])
+    start, end = batch_spans(ev.batch_size, ev.batch_size, ev.samples, [prompt_tokens] * ev.batch_size,
+                             ev.batch_prompt_tokens)[0]
+    return (end - start) * ev.samples
 
 
 def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:

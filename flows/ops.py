@@ -141,8 +141,9 @@ def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
 
 def store_status(config: ScreenConfig) -> ScreenStatus:
     store = ResultStore.for_config(config)
-    with store.listing():
+    with store.listing():  # one listing for both the phase-3 pick and the cells' metrics
         cells = phase_cells(config, store)
+        metrics = {c.id: store.cell_metrics(config, c) for phase in cells.values() for c in phase}
     phases: dict[str, list[str]] = {"smoke": [c.id for c in cells["smoke"]]}
     for source in config.sources:
         phases[f"slab {source}"] = [c.id for c in cells["slab"] if c.source == source]
@@ -151,13 +152,10 @@ def store_status(config: ScreenConfig) -> ScreenStatus:
     for row, ids in phases.items():
         for cid in ids:
             status.setdefault(cid, CellStatus(cid, [])).phases.append(row)
-    with store.listing():
-        for phase_cells_ in cells.values():
-            for cell in phase_cells_:
-                metrics = store.cell_metrics(config, cell)
-                if metrics is not None:
-                    s = status[cell.id]
-                    s.state, s.source_rate, s.leakage = "finished", metrics["source_rate"], metrics["leakage"]
+    for cell_id, m in metrics.items():
+        if m is not None:
+            s = status[cell_id]
+            s.state, s.source_rate, s.leakage = "finished", m["source_rate"], m["leakage"]
     return ScreenStatus(config, store.dir, status, phases, bool(cells["multiseed"]), store.gates())
 
 
