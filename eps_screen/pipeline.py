@@ -1,7 +1,9 @@
-"""One cell, end to end: training answers -> LoRA SFT -> evaluation -> scoring -> store.
+"""One cell, end to end: training answers -> LoRA SFT -> evaluation -> scoring -> store; and a GPU job of cells.
 
 These are the functions the Prefect tasks wrap; each checks the store first, so finished work is never redone,
-whichever process or machine did it.
+whichever process or machine did it. `run_cell` does one cell at a time (in-process screens); `run_job` does a
+GPU job's cells by stage: their answer sets, then every training with the engine asleep, then every evaluation in
+one multi-LoRA engine call (BENCHMARKS.md, "The GPU job", measured both ways).
 """
 
 from __future__ import annotations
@@ -12,23 +14,13 @@ from pathlib import Path
 
 import polars as pl
 
-from eps_screen import data
+from eps_screen import data, engines
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
-from eps_screen.generation import GenerationParams, Generator, make_generator
+from eps_screen.generation import GenerationParams
 from eps_screen.provenance import provenance
 from eps_screen.scoring import answers_table, cell_rates
 from eps_screen.store import ResultStore, cell_key, regime_key
-
-_GENERATORS: dict[tuple[str, str], Generator] = {}
-
-
-def generator(config: ScreenConfig, model_ref: str) -> Generator:
-    """One generator per (backend, model) per process: engines and weights load once for many cells."""
-    key = (config.backend.generation, model_ref)
-    if key not in _GENERATORS:
-        _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
-    return _GENERATORS[key]
 
 
 def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationParams:
@@ -42,7 +34,7 @@ def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationPa
     )
 
 
-def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore) -> tuple[list[dict], bool]:
+def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, trains: bool = True) -> tuple[list[dict], bool]:
     """The training answers of a regime, generated once and stored; returns (answers, generated_now)."""
     cached = store.regime_answers(config, regime)
     if cached is not None:
@@ -58,7 +50,7 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore) -> 
         model_ref = config.off_policy.model if regime.off_policy else config.model.base
         # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
         flat = [(r, data.request_prompt(config, regime, r)) for r in requests for _ in range(r.samples)]
-        out = generator(config, model_ref).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
+        out = engines.generator(config, model_ref, trains=trains).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
         texts = [o[0] for o in out]
         source = f"model:{model_ref}"
     answers = []
@@ -78,56 +70,44 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore) -> 
     return answers, True
 
 
-def evaluate(config: ScreenConfig, cell: dict, a: int, b: int, c: int, adapter: str | None, seed: int):
+def _eval_params(config: ScreenConfig, seed: int) -> GenerationParams:
+    ev = config.eval
+    return GenerationParams(max_new_tokens=ev.max_new_tokens, temperature=ev.temperature, top_p=ev.top_p,
+                            samples=ev.samples, seed=seed)
+
+
+def evaluate(config: ScreenConfig, cell: dict, a: int, b: int, c: int, adapter: str | None, seed: int,
+             trains: bool = True):
     prompts = data.eval_prompts(config, a, b, c)
-    params = GenerationParams(
-        max_new_tokens=config.eval.max_new_tokens,
-        temperature=config.eval.temperature,
-        top_p=config.eval.top_p,
-        samples=config.eval.samples,
-        seed=seed,
-    )
-    outputs = generator(config, config.model.base).generate([p for *_, p in prompts], params, adapter)
+    gen = engines.generator(config, config.model.base, trains=trains)
+    outputs = gen.generate([p for *_, p in prompts], _eval_params(config, seed), adapter)
     return answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs, config.marker)
 
 
-def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
-    """Train, evaluate and score one cell; returns its metrics (from the store when already finished)."""
-    done = store.cell_metrics(config, cell)
-    if done is not None:
-        return {**done, "reused": True}
-    started = time.perf_counter()
-    out_dir = store.cell_dir(config, cell)
+def _train(config: ScreenConfig, cell: Cell, store: ResultStore) -> tuple[str, object, dict[str, float]]:
+    """A cell's adapter, trained with the engines asleep: (adapter dir, train report, timings)."""
+    from eps_screen.training import train_lora
+
     timings: dict[str, float] = {}
-    train_report = None
-    if config.simulated:
-        from eps_screen.panels import load_panels
-        from eps_screen.simulate import simulate_cell_answers
+    t = time.perf_counter()
+    regime_rows, _ = regime_answers(config, cell.regime, store)
+    timings["answers_s"] = time.perf_counter() - t
+    examples = data.training_set(config, cell, regime_rows)
+    base = engines.training_base(config)
+    adapter_dir = store.cell_dir(config, cell) / "adapter"
+    t = time.perf_counter()
+    with engines.training():
+        report = train_lora(base, examples, config, cell.whole_answer_loss, cell.seed, adapter_dir)
+    timings["train_s"] = time.perf_counter() - t
+    return str(adapter_dir), report, timings
 
-        personas = load_panels().eval_personas(config.sources, config.eval.personas)
-        answers = simulate_cell_answers(
-            config, cell, personas, config.eval.questions, config.eval.samples, config.eval.random_controls
-        )
-        adapter = None
-    else:
-        from eps_screen.models import load_base
-        from eps_screen.training import train_lora
 
-        t = time.perf_counter()
-        regime_rows, _ = regime_answers(config, cell.regime, store)
-        timings["answers_s"] = time.perf_counter() - t
-        examples = data.training_set(config, cell, regime_rows)
-        base = load_base(config.model.base, config.model.dtype, config.model.attn_implementation, config.model.revision)
-        t = time.perf_counter()
-        adapter_dir = out_dir / "adapter"
-        train_report = train_lora(base, examples, config, cell.whole_answer_loss, cell.seed, adapter_dir)
-        timings["train_s"] = time.perf_counter() - t
-        adapter = str(adapter_dir)
-        t = time.perf_counter()
-        a, b, c, _, _ = cell.levels
-        answers = evaluate(config, cell.as_dict(), a, b, c, adapter, cell.seed)
-        timings["eval_s"] = time.perf_counter() - t
+def _finish(config: ScreenConfig, cell: Cell, store: ResultStore, answers: pl.DataFrame, adapter: str | None,
+            train_report, timings: dict[str, float], started: float) -> dict:
+    """Score a cell's answers and write it to the store, metrics last: from here on the cell is finished."""
+    t = time.perf_counter()
     rates = cell_rates(answers)
+    timings["score_s"] = time.perf_counter() - t
     metrics = {
         **cell.as_dict(),
         "key": cell_key(config, cell),
@@ -138,8 +118,76 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
         "config": config.model_dump(mode="json"),
         "provenance": provenance(),
     }
+    t = time.perf_counter()
     store.save_cell(config, cell, answers, metrics)
+    metrics["timings"]["store_s"] = time.perf_counter() - t  # known only after the write: in the summary, not the file
     return {**metrics, "reused": False}
+
+
+def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
+    """Train, evaluate and score one cell; returns its metrics (from the store when already finished)."""
+    done = store.cell_metrics(config, cell)
+    if done is not None:
+        return {**done, "reused": True}
+    started = time.perf_counter()
+    if config.simulated:
+        from eps_screen.panels import load_panels
+        from eps_screen.simulate import simulate_cell_answers
+
+        personas = load_panels().eval_personas(config.sources, config.eval.personas)
+        answers = simulate_cell_answers(
+            config, cell, personas, config.eval.questions, config.eval.samples, config.eval.random_controls
+        )
+        return _finish(config, cell, store, answers, None, None, {}, started)
+    adapter, report, timings = _train(config, cell, store)
+    t = time.perf_counter()
+    a, b, c, _, _ = cell.levels
+    answers = evaluate(config, cell.as_dict(), a, b, c, adapter, cell.seed)
+    timings["eval_s"] = time.perf_counter() - t
+    return _finish(config, cell, store, answers, adapter, report, timings, started)
+
+
+def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict[str, dict]:
+    """A GPU job's cells by stage: answer sets, all trainings (engine asleep), then one multi-LoRA evaluation
+    of every adapter (`generate_many`), each cell scored and stored as its answers arrive. Returns {cell id:
+    metrics}. Finished cells come from the store; a cell whose adapter was trained by an earlier, interrupted
+    run of the job is trained again (an adapter is only trusted once its cell's metrics are written)."""
+    out: dict[str, dict] = {}
+    todo: list[Cell] = []
+    for cell in cells:
+        done = store.cell_metrics(config, cell)
+        if done is not None:
+            out[cell.id] = {**done, "reused": True}
+        else:
+            todo.append(cell)
+    if not todo:
+        return out
+    if config.simulated or config.execution.job_eval == "per_cell":
+        for cell in todo:
+            out[cell.id] = run_cell(config, cell, store)
+        return out
+    trained = [(cell, time.perf_counter(), *_train(config, cell, store)) for cell in todo]
+    t = time.perf_counter()
+    jobs, params = [], []
+    for cell, *_ in trained:
+        a, b, c, _, _ = cell.levels
+        prompts = data.eval_prompts(config, a, b, c)
+        jobs.append(([p for *_, p in prompts], str(store.cell_dir(config, cell) / "adapter")))
+        params.append(_eval_params(config, cell.seed))
+    gen = engines.generator(config, config.model.base, trains=True)
+    outputs = gen.generate_many(jobs, params)
+    eval_s = time.perf_counter() - t
+    chars = [sum(len(s) for sampled in outs for s in sampled) for outs in outputs]
+    for (cell, cell_started, adapter, report, timings), outs, n in zip(trained, outputs, chars, strict=True):
+        a, b, c, _, _ = cell.levels
+        prompts = data.eval_prompts(config, a, b, c)
+        answers = answers_table(cell.as_dict(), [(panel, persona, q) for panel, persona, q, _ in prompts], outs,
+                                config.marker)
+        # One engine call evaluated every cell: each is charged its share of it, by the characters it generated.
+        timings["eval_s"] = eval_s * n / max(1, sum(chars))
+        timings["job_eval_s"] = eval_s
+        out[cell.id] = _finish(config, cell, store, answers, adapter, report, timings, cell_started)
+    return out
 
 
 def _pre_screen_key(config: ScreenConfig) -> str:
@@ -166,7 +214,7 @@ def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
 
             frames.append(simulate_base_answers(config, a, b, c))
         else:
-            frames.append(evaluate(config, base_cell, a, b, c, None, config.seeds.primary))
+            frames.append(evaluate(config, base_cell, a, b, c, None, config.seeds.primary, trains=False))
     answers = pl.concat(frames)
     rate = float(answers.filter(pl.col("panel") == "persona")["marker"].mean())
     result = {

@@ -1,9 +1,10 @@
 """One GPU job as its own flow run: the unit of work that the local-gpu and runpod-gpu pools execute.
 
-It runs its cells in a row in one process, so the base model loads once per job (pipeline and training
-keep it per process). Each cell finds its answers (generating them if no earlier cell of its regime did),
-trains, evaluates, scores and writes to the store; a finished cell returns at once, so a resubmitted job
-redoes only what it had not finished. The return value is {cell id: the cell's summary}. On a GPU pool the
+It runs its cells in one process, so the base model and the generation engine load once per job. First the
+answer sets of the job's regimes; then, with execution.job_eval = per_job (the default), every cell's training
+with the engine asleep and one multi-LoRA evaluation of all adapters (pipeline.run_job), or with per_cell
+each cell trained and evaluated in turn. Every cell is scored and written to the store as soon as its answers
+exist; a finished cell returns at once, so a resubmitted job redoes only what it had not finished. The return value is {cell id: the cell's summary}. On a GPU pool the
 screen also sends the pre-screen here, as the id "pre-screen": the base model is sampled on a GPU too.
 """
 
@@ -12,8 +13,8 @@ from __future__ import annotations
 from prefect import flow
 
 from eps_screen.config import ScreenConfig
-from eps_screen.design import PRE_SCREEN_ID, Cell
-from tasks.cells import cell_task, pre_screen_task, regime_task
+from eps_screen.design import PRE_SCREEN_ID, Cell, regimes
+from tasks.cells import cell_task, job_task, pre_screen_task, regime_task
 
 
 @flow(name="cell", persist_result=True)
@@ -25,8 +26,12 @@ def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     if PRE_SCREEN_ID in cell_ids:
         pre = pre_screen_task(config)
         summaries[PRE_SCREEN_ID] = {k: pre[k] for k in ("marker_rate", "answers", "markers", "by_condition")}
-    for one in cells:
-        if not config.simulated:
-            regime_task(config, one.regime)
-        summaries[one.id] = cell_task(config, one.id)
+    if not config.simulated:
+        for regime in regimes(cells):
+            regime_task(config, regime)
+    if config.execution.job_eval == "per_job" and not config.simulated and len(cells) > 1:
+        summaries.update(job_task(config, [one.id for one in cells], len(cells)))
+    else:
+        for one in cells:
+            summaries[one.id] = cell_task(config, one.id)
     return summaries

@@ -49,11 +49,23 @@ def regime_task(config: ScreenConfig, regime: Regime) -> int:
       task_run_name="cell {cell_id}")
 def cell_task(config: ScreenConfig, cell_id: str) -> dict:
     metrics = pipeline.run_cell(config, Cell.parse(cell_id), ResultStore.for_config(config))
+    return _published(config, metrics)
+
+
+@task(name="job", retries=2, retry_delay_seconds=5, persist_result=True, task_run_name="job of {n} cells")
+def job_task(config: ScreenConfig, cell_ids: list[str], n: int) -> dict[str, dict]:
+    """The cells of one GPU job by stage (pipeline.run_job): trainings, then one evaluation of every adapter."""
+    done = pipeline.run_job(config, [Cell.parse(c) for c in cell_ids], ResultStore.for_config(config))
+    return {cid: _published(config, metrics) for cid, metrics in done.items()}
+
+
+def _published(config: ScreenConfig, metrics: dict) -> dict:
+    """A cell's summary, with a table artifact when the cell was computed now."""
     if not metrics.get("reused"):
         create_table_artifact(
-            key=artifact_key(f"cell-{config.name}-{cell_id}"),
+            key=artifact_key(f"cell-{config.name}-{metrics['cell_id']}"),
             table=[cell_summary(metrics)],
-            description=f"Cell {cell_id} of screen {config.name}",
+            description=f"Cell {metrics['cell_id']} of screen {config.name}",
         )
     return cell_summary(metrics)
 
@@ -69,6 +81,7 @@ def cell_summary(metrics: dict) -> dict:
         "markers": metrics["markers"],
         "adapter": metrics.get("adapter"),
         "seconds": round(metrics.get("timings", {}).get("total_s", 0.0), 2),
+        "timings": {k: round(v, 3) for k, v in metrics.get("timings", {}).items()},
     }
 
 

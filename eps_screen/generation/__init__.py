@@ -39,6 +39,12 @@ class Generator(Protocol):
         """Answers for every adapter (None = the base model); [adapter][prompt][sample]."""
         ...
 
+    def generate_many(
+        self, jobs: Sequence[tuple[Sequence[Prompt], str | None]], params: GenerationParams | Sequence[GenerationParams]
+    ) -> list[list[list[str]]]:
+        """[job][prompt][sample] for jobs of (prompts, adapter); params for all jobs or one per job."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -34,6 +34,12 @@ class TransformersGenerator:
     def generate_multi(self, prompts, params, adapters):
         return [self.generate(prompts, params, adapter) for adapter in adapters]
 
+    def generate_many(self, jobs, params):
+        """[job][prompt][sample] for jobs of (prompts, adapter), params one for all or one per job: one
+        generate() per job (transformers batches within a call only)."""
+        per_job = [params] * len(jobs) if isinstance(params, GenerationParams) else list(params)
+        return [self.generate(prompts, p, adapter) for (prompts, adapter), p in zip(jobs, per_job, strict=True)]
+
     def close(self) -> None:
         pass
 

