@@ -2,6 +2,13 @@
 
 The screen's spend cap (kill criterion 5) reads these back with `read_pod_costs`, so the table's columns are
 a small contract: `usd` (float) and `pod_id` must stay.
+
+One record per pod: the artifact's key is the pod's (`cost_key`), so a write that lands twice is two versions of
+one record, never a second record. It does land twice: Prefect's client re-sends a request whose answer it did
+not get (a read timeout, a dropped connection), and a SQLite-backed server under load can hold a write for its
+whole lock timeout (60 s, the client's timeout too) and commit it after the client gave up; the re-sent write
+then inserts a second artifact. CI once counted 43 cost artifacts for 42 pods that way. Readers therefore count
+each (flow run, pod) once, and the worker publishes once per pod.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 from uuid import UUID
 
 if TYPE_CHECKING:
@@ -47,18 +54,36 @@ def _iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def cost_key(pod_id: str) -> str:
+    """The artifact key of a pod's cost record (keys allow lowercase letters, digits and dashes only)."""
+    return "runpod-cost-" + "".join(ch if ch.isascii() and ch.isalnum() else "-" for ch in pod_id.lower())
+
+
 async def publish_pod_cost(client: PrefectClient, flow_run_id: UUID, cost: PodCost) -> None:
-    """A keyless table artifact attached to the flow run (shown on its Artifacts tab)."""
+    """The pod's cost record: a table artifact keyed by the pod, attached to the flow run (its Artifacts tab)."""
     from prefect.client.schemas.actions import ArtifactCreate
 
     await client.create_artifact(
-        ArtifactCreate(type="table", data=json.dumps([asdict(cost)]), description=ARTIFACT_DESCRIPTION,
-                       flow_run_id=flow_run_id)
+        ArtifactCreate(key=cost_key(cost.pod_id), type="table", data=json.dumps([asdict(cost)]),
+                       description=ARTIFACT_DESCRIPTION, flow_run_id=flow_run_id)
     )
 
 
+def pod_costs(artifacts: Iterable[Any]) -> dict[tuple[UUID, str], float]:
+    """USD per (flow run, pod) from cost artifacts, each pod counted once however many times its record was
+    written (the earliest write stands); artifacts that are not cost records are ignored."""
+    costs: dict[tuple[UUID, str], float] = {}
+    for art in sorted(artifacts, key=lambda a: (a.created is None, a.created or 0)):
+        if art.description != ARTIFACT_DESCRIPTION or art.flow_run_id is None:
+            continue
+        rows = json.loads(art.data) if isinstance(art.data, str) else art.data
+        for row in rows or []:
+            costs.setdefault((art.flow_run_id, str(row["pod_id"])), float(row["usd"]))
+    return costs
+
+
 async def read_pod_costs(client: PrefectClient, flow_run_ids: Iterable[UUID]) -> dict[UUID, float]:
-    """USD per flow run, summed over the cost artifacts the worker published (runs without one are absent)."""
+    """USD per flow run, the sum over its pods of each pod's cost record, once (runs without one are absent)."""
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterType,
@@ -67,17 +92,19 @@ async def read_pod_costs(client: PrefectClient, flow_run_ids: Iterable[UUID]) ->
     )
 
     ids = list(flow_run_ids)
-    totals: dict[UUID, float] = {}
+    artifacts: list[Any] = []
     for start in range(0, len(ids), 100):
         chunk = ids[start : start + 100]
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["table"])),
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)),
-            limit=200,
-        )
-        for art in artifacts:
-            if art.description != ARTIFACT_DESCRIPTION or art.flow_run_id is None:
-                continue
-            rows = json.loads(art.data) if isinstance(art.data, str) else art.data
-            totals[art.flow_run_id] = totals.get(art.flow_run_id, 0.0) + sum(float(r["usd"]) for r in rows or [])
+        for offset in range(0, 100_000, 200):
+            page = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["table"])),
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)),
+                limit=200, offset=offset,
+            )
+            artifacts.extend(page)
+            if len(page) < 200:
+                break
+    totals: dict[UUID, float] = {}
+    for (run_id, _pod), usd in pod_costs(artifacts).items():
+        totals[run_id] = totals.get(run_id, 0.0) + usd
     return totals

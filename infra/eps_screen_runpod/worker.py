@@ -16,9 +16,10 @@ run's infrastructure pid, then checks the pod and the flow run every `poll_inter
 - pod not RUNNING within `start_timeout_s`; pod older than `max_wall_hours` -> Crashed.
 
 Whatever the outcome, the pod is terminated before the run's final state is written (so a late process
-cannot revive a crashed run) and its cost is published as an artifact. A background reaper terminates
-pods named `<prefix>-<flow run id>` whose runs are finished or unknown, and adopts (watches) pods of live
-runs that no worker watches, e.g. after this worker restarted. Stopping the worker leaves live pods alone.
+cannot revive a crashed run) and its cost is published once, as an artifact keyed by the pod (cost.py). A
+background reaper terminates pods named `<prefix>-<flow run id>` whose runs are finished or unknown, and
+adopts (watches) pods of live runs that no worker watches, e.g. after this worker restarted. Stopping the
+worker leaves live pods alone.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         self._watching: set[UUID] = set()
         self._accounts_seen: dict[str, RunPodAccount] = {}
         self._prefixes_seen: set[str] = set()
+        self._costed: set[str] = set()  # pods whose cost this worker published: a pod is costed once
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -217,12 +219,16 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             logger.info("Pod %s %s (%s)", pod.pod_id, "already gone" if gone else "terminated", outcome.message)
         except RunPodApiError as exc:
             logger.error("Could not terminate pod %s (%s); the reaper will retry", pod.pod_id, exc)
+        if pod.pod_id in self._costed:  # the reaper adopted a pod this worker already let go of
+            return
+        self._costed.add(pod.pod_id)
         cost = PodCost.measure(pod_id=pod.pod_id, account=pod.account, gpu_type=pod.gpu_type, cloud=pod.cloud,
                                gpu_count=pod.gpu_count, usd_per_hour=pod.usd_per_hour, started=pod.created_at,
                                ended=ended, outcome=outcome.message[:200])
         try:
             await publish_pod_cost(self.client, flow_run_id, cost)
         except Exception as exc:
+            self._costed.discard(pod.pod_id)
             logger.warning("Could not publish the cost of pod %s (%s)", pod.pod_id, type(exc).__name__)
 
     # -- accounts ----------------------------------------------------------------------------------
