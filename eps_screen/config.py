@@ -252,6 +252,11 @@ class ExecutionConfig(_Strict):
         description="GPU jobs: per_job trains every cell of the job with the engine asleep, then evaluates all their"
                     " adapters in one multi-LoRA call; per_cell evaluates each cell right after its training.",
     )
+    engine_cache_dir: NonEmpty | None = Field(
+        None,
+        description="GPU jobs: a directory that outlives the pod (e.g. a RunPod network volume, /runpod-volume/eps-cache)"
+                    " for vLLM's, Inductor's and Triton's compile caches; a warm cache shortens every later job's start.",
+    )
     crash_resubmits: int = Field(3, ge=0, le=20, description="Times a crashed cell run is resubmitted.")
     resubmit_backoff_s: float = Field(10, ge=0)
     gpu_hourly_usd: float = Field(3.5, ge=0, description="Price used for the plan's cost estimate.")

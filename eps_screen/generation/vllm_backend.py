@@ -24,6 +24,7 @@ plain calls rather than messages to a child process. eps_screen.engines decides 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 
 from eps_screen.generation import GenerationParams, Prompt
@@ -114,19 +115,27 @@ class VLLMGenerator:
             kwargs["enable_chunked_prefill"] = False
         self.can_sleep = gpu
         self.asleep = False
+        # What a job's timing breakdown needs of the engine: its start, each sleep and wake, tokens generated.
+        self.stats: dict = {"start_s": 0.0, "sleep_s": [], "wake_s": [], "generated_tokens": 0, "requests": 0}
+        started = time.perf_counter()
         self.llm = LLM(**kwargs)
+        self.stats["start_s"] = time.perf_counter() - started
         self._lora_ids: dict[str, int] = {}
 
     # --- sharing the GPU -----------------------------------------------------------------------------------
     def sleep(self) -> None:
         """Free the card for training: weights to host memory, KV cache dropped (a no-op on CPU)."""
         if self.can_sleep and not self.asleep:
+            started = time.perf_counter()
             self.llm.sleep(level=1)
+            self.stats["sleep_s"].append(time.perf_counter() - started)
             self.asleep = True
 
     def wake(self) -> None:
         if self.asleep:
+            started = time.perf_counter()
             self.llm.wake_up()
+            self.stats["wake_s"].append(time.perf_counter() - started)
             self.asleep = False
 
     # --- requests ----------------------------------------------------------------------------------------
@@ -191,7 +200,10 @@ class VLLMGenerator:
                     reqs.append({"prompt_token_ids": tok})
                     sps.append(self._sampling(p, request_seed(p.seed, i, s, p.samples)))
                     loras.append(lora)
-        texts = [o.outputs[0].text for o in self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras)] if reqs else []
+        done = self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras) if reqs else []
+        texts = [o.outputs[0].text for o in done]
+        self.stats["generated_tokens"] += sum(len(o.outputs[0].token_ids) for o in done)
+        self.stats["requests"] += len(done)
         out, pos = [], 0
         for n, k in shapes:
             out.append([texts[pos + i * k : pos + (i + 1) * k] for i in range(n)])
