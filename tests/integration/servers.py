@@ -7,14 +7,17 @@ stays the plain per-module server. Every process gets its own session (process g
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.integration.conftest import PREFECT, ROOT, free_port, quiet_env, stop
 from tests.integration.conftest import serve as prefect_server  # noqa: F401  (re-exported for the ops tests)
@@ -60,6 +63,28 @@ def failed_endpoints(log_path: Path, retryable: bool | None = None) -> list[str]
 # once (busy_timeout cannot help), the server answers 503 and the client retries it. Upstream, not ours: the
 # transaction would need Prefect's `with_for_update=True` (BEGIN IMMEDIATE).
 PREFECT_DEFERRED_WRITE = {"update_flow_run_labels"}
+
+
+def count_retried_503s(log_path: Path, output: str, **figures: Any) -> list[str]:
+    """Nothing failed for good on a SQLite server: no request answered 500. A write that meets the lock may answer
+    503 and be retried by the client; those are counted, not failed on (a client that runs out of retries fails its
+    caller, which the test sees), and written with `figures` to test-output/<output>.json. Returns the API function
+    behind each retried 503 (docs/walkthroughs.md, "PostgreSQL for the server")."""
+    retried = failed_endpoints(log_path, retryable=True)
+    assert len(retried) == len(server_errors(log_path)), server_errors(log_path)
+    out = ROOT / "test-output"
+    out.mkdir(exist_ok=True)
+    (out / f"{output}.json").write_text(json.dumps(
+        {**figures, "retried_503": len(retried), "by_endpoint": dict(Counter(retried)),
+         "label_updates_among_them": sum(1 for e in retried if e in PREFECT_DEFERRED_WRITE)}, indent=2))
+    return retried
+
+
+def gave_up(log_path: Path) -> list[str]:
+    """Lines of a client process's log (a worker's, which carries its runs' output) where a request failed for
+    good: a client that runs out of retries logs an ERROR with its traceback."""
+    return [line for line in log_path.read_text(errors="replace").splitlines()
+            if "| ERROR" in line or "Traceback" in line or "Service Unavailable" in line]
 
 
 def background_lock_errors(log_path: Path) -> int:

@@ -10,26 +10,16 @@ exactly one device, both devices were used, and no device ever ran two jobs at o
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import ROOT
-from tests.integration.servers import (
-    EPS_SCREEN,
-    PREFECT,
-    PREFECT_DEFERRED_WRITE,
-    client_env,
-    failed_endpoints,
-    prefect_server,
-    server_errors,
-)
+from tests.integration.servers import EPS_SCREEN, PREFECT, client_env, count_retried_503s, gave_up, prefect_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -106,19 +96,9 @@ def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
         # or cell gave up on one (a client that runs out of retries logs an ERROR with its traceback, and the
         # cells' output is in the workers' logs). A write that meets the lock may answer 503 and be retried by the
         # client: those are counted and kept as a test output (docs/walkthroughs.md, "PostgreSQL for the server").
-        retried = failed_endpoints(server_log, retryable=True)
-        assert len(retried) == len(server_errors(server_log)), server_errors(server_log)
         worker_logs = sorted(tmp_path.glob("worker-gpu-*.log"))
         assert len(worker_logs) == 2
         for path in worker_logs:
-            text = path.read_text(errors="replace")
-            assert "Finished in state Completed()" in text
-            gave_up = [line for line in text.splitlines()
-                       if "| ERROR" in line or "Traceback" in line or "Service Unavailable" in line]
-            assert not gave_up, (path.name, gave_up[:5])
-        out = ROOT / "test-output"
-        out.mkdir(exist_ok=True)
-        (out / "local_gpu_pool_sqlite.json").write_text(json.dumps(
-            {"gpu_jobs": len(runs), "cells": len({c.id for c in cells}), "retried_503": len(retried),
-             "by_endpoint": dict(Counter(retried)), "label_updates_among_them": sum(
-                 1 for e in retried if e in PREFECT_DEFERRED_WRITE)}, indent=2))
+            assert "Finished in state Completed()" in path.read_text(errors="replace")
+            assert not gave_up(path), (path.name, gave_up(path)[:5])
+        count_retried_503s(server_log, "local_gpu_pool_sqlite", gpu_jobs=len(runs), cells=len({c.id for c in cells}))

@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ROOT
-from tests.integration.servers import EPS_SCREEN, background_lock_errors, client_env, prefect_server, server_errors
+from tests.integration.servers import (
+    EPS_SCREEN,
+    background_lock_errors,
+    client_env,
+    count_retried_503s,
+    prefect_server,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -107,7 +113,9 @@ def test_killed_screen_resumes_without_recomputing(tmp_path: Path):
 
         states = run_states(api)
         assert states == ["Completed", "Crashed"], states  # the resumed run, then the killed one
-        assert server_errors(server_log) == []
+        # SQLite: nothing failed for good (no 500; the resumed run completed every cell, none lost or redone);
+        # a write that met the lock answered 503 and was retried by its client: counted, not failed on
+        count_retried_503s(server_log, "resume_sqlite", cells=CELLS, finished_before_kill=len(before))
         print(f"killed after {len(before)} cells; retry finished the other {CELLS - len(before)} in {retry_s:.0f} s; "
               f"recomputed after the kill: {again}; server background lock errors: {background_lock_errors(server_log)}")
 

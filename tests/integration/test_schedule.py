@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ROOT
-from tests.integration.servers import EPS_SCREEN, client_env, prefect_server, server_errors, worker
+from tests.integration.servers import EPS_SCREEN, client_env, count_retried_503s, gave_up, prefect_server, worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -64,4 +64,9 @@ def test_scheduled_aggregate_refreshes_a_stale_report(tmp_path: Path):
         assert report.stat().st_mtime_ns > first  # the newer report
         assert (report.parent / "clean_result.html").stat().st_mtime_ns > first
         assert "re-aggregated 1 screen(s): ['simulated']" in (tmp_path / "worker.log").read_text(errors="replace")
-        assert server_errors(server_log) == []
+        # SQLite: nothing failed for good. The screen and every scheduled run that ended completed, no request
+        # answered 500 and the worker gave up on none; a write that met the lock answered 503 and was retried by
+        # its client (one CI run saw one, on a subflow's run creation): counted in test-output/, not failed on.
+        assert all(r.state.is_completed() for r in done), [r.state for r in done]
+        assert not gave_up(tmp_path / "worker.log"), gave_up(tmp_path / "worker.log")[:5]
+        count_retried_503s(server_log, "schedule_sqlite", scheduled_runs_ended=len(done))
