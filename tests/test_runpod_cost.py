@@ -8,36 +8,22 @@ worker try to cost one pod twice (the reaper re-adopting a pod the worker let go
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from uuid import uuid4
 
 import anyio
 import httpx
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from eps_screen_runpod import RunPodWorker  # noqa: E402
-from eps_screen_runpod.cost import (  # noqa: E402
-    ARTIFACT_DESCRIPTION,
-    PodCost,
-    cost_key,
-    pod_costs,
-    publish_pod_cost,
-    read_pod_costs,
-)
-from eps_screen_runpod.provision import ProvisionedPod  # noqa: E402
-from eps_screen_runpod.worker import Outcome  # noqa: E402
-from prefect import flow  # noqa: E402
-from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
-from prefect.states import Pending  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from eps_screen_runpod import RunPodWorker
+from eps_screen_runpod.cost import ARTIFACT_DESCRIPTION, PodCost, cost_key, pod_costs, publish_pod_cost, read_pod_costs
+from eps_screen_runpod.provision import ProvisionedPod
+from eps_screen_runpod.worker import Outcome
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.states import Pending
+from prefect.testing.utilities import prefect_test_harness
 
 pytestmark = pytest.mark.timeout(120)
 POOL = "runpod-cost"
