@@ -247,10 +247,11 @@ class ExecutionConfig(_Strict):
                     " fewer when that keeps all max_parallel_cells GPUs busy. A crashed job is resubmitted whole;"
                     " its finished cells return from the store.",
     )
-    job_eval: Literal["per_job", "per_cell"] = Field(
-        "per_job",
-        description="GPU jobs: per_job trains every cell of the job with the engine asleep, then evaluates all their"
-                    " adapters in one multi-LoRA call; per_cell evaluates each cell right after its training.",
+    job_eval: Literal["per_cell", "per_job"] = Field(
+        "per_cell",
+        description="GPU jobs: per_cell evaluates each cell right after its training (a lost pod loses only its"
+                    " unfinished cell); per_job trains all of the job's cells, then evaluates their adapters in one"
+                    " multi-LoRA call. Equally fast on the H200 (BENCHMARKS.md, 'The GPU job').",
     )
     engine_cache_dir: NonEmpty | None = Field(
         None,

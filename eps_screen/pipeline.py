@@ -1,9 +1,10 @@
 """One cell, end to end: training answers -> LoRA SFT -> evaluation -> scoring -> store; and a GPU job of cells.
 
 These are the functions the Prefect tasks wrap; each checks the store first, so finished work is never redone,
-whichever process or machine did it. `run_cell` does one cell at a time (in-process screens); `run_job` does a
-GPU job's cells by stage: their answer sets, then every training with the engine asleep, then every evaluation in
-one multi-LoRA engine call (BENCHMARKS.md, "The GPU job", measured both ways).
+whichever process or machine did it. `run_cell` does one cell at a time; `run_job` does a GPU job's cells, either
+one after another (execution.job_eval = per_cell, the default) or by stage: their answer sets, every training with
+the engine asleep, then every evaluation in one multi-LoRA engine call (per_job). BENCHMARKS.md, "The GPU job",
+measured both on the H200: the same speed, so the default is the one that loses less when a pod vanishes.
 """
 
 from __future__ import annotations
