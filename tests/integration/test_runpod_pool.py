@@ -130,7 +130,11 @@ async def all_runs_and_logs():
 
 def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     store, results = tmp_path / "store", tmp_path / "results"
-    faults = Faults(seed=7, vanish_pods=set(range(0, 10_000, 4)), vanish_after_s=(0.5, 4.0),
+    # Every 4th pod vanishes 0.3-1.2 s after RUNNING: before its flow can have finished and the worker let go of
+    # the pod (a pod's run takes 1.5 s at the least here, 1.4 s of it the engine's imports), so all of them
+    # vanish. With 0.5-4 s, the worker terminated 3 of 11 such pods first and only 8 of 41 pods vanished, under
+    # the bar of 20%; with 0.5-2 s, 1 of 12.
+    faults = Faults(seed=7, vanish_pods=set(range(0, 10_000, 4)), vanish_after_s=(0.3, 1.2),
                     no_capacity_rate=0.10, start_delay_s=(0.5, 2.0))
     fake = FakeRunPod({RUNPOD_KEY: "main"}, workdir=ROOT, log_dir=tmp_path / "pods", faults=faults,
                       image_env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
