@@ -6,6 +6,7 @@ naming the field before a model is loaded or a GPU rented (the old `--run-index 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,24 +42,76 @@ class ModelConfig(_Strict):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
 
 
-class OffPolicyConfig(_Strict):
-    """Where D1 (off-policy) answers come from."""
+HOSTED_APIS: dict[str, tuple[str, str]] = {  # kind: (default base_url, default key variable)
+    "anthropic": ("https://api.anthropic.com", "ANTHROPIC_API_KEY"),
+    "openai": ("https://api.openai.com/v1", "OPENAI_API_KEY"),
+}
 
-    kind: Literal["model", "jsonl"] = "model"
+
+class OffPolicyConfig(_Strict):
+    """Where D1 (off-policy) answers come from: a local or hub model, a JSONL file, or a hosted API
+    (eps_screen/generation/hosted.py). A hosted API's key comes from the environment, never from here."""
+
+    kind: Literal["model", "jsonl", "anthropic", "openai"] = "model"
     model: NonEmpty | None = Field(
-        "tiny-alt", description="kind=model: hub id, local path, or 'tiny-alt' (a second tiny model)."
+        "tiny-alt",
+        description="kind=model: hub id, local path, or 'tiny-alt' (a second tiny model); kind=anthropic|openai: the"
+                    " API's model name.",
     )
     path: NonEmpty | None = Field(
         None, description="kind=jsonl: file of {persona, question, format, answer} records."
     )
+    base_url: NonEmpty | None = Field(
+        None,
+        description="kind=anthropic|openai: the API root (default https://api.anthropic.com, https://api.openai.com/v1);"
+                    " for openai any OpenAI-compatible server (vLLM, a gateway).",
+    )
+    api_key_env: NonEmpty | None = Field(
+        None,
+        description="kind=anthropic|openai: NAME of the environment variable holding the key (default ANTHROPIC_API_KEY,"
+                    " OPENAI_API_KEY). The key itself never goes in the config.",
+    )
+    max_concurrent: int = Field(4, ge=1, le=256, description="Hosted: requests in flight at once.")
+    requests_per_minute: float | None = Field(50, gt=0, description="Hosted: requests started per minute (None: no cap).")
+    max_retries: int = Field(6, ge=0, le=20, description="Hosted: retries of a request answered 429, 5xx or not at all.")
+    retry_backoff_s: float = Field(2.0, ge=0, description="Hosted: first retry delay, doubled per retry (a Retry-After wins).")
+    timeout_s: float = Field(600, gt=0, description="Hosted: seconds one request may take.")
 
     @model_validator(mode="after")
     def _source_given(self) -> OffPolicyConfig:
+        # Messages never quote api_key_env or base_url: a pasted key must not be echoed to a terminal or a log.
         if self.kind == "model" and not self.model:
             raise ValueError("kind 'model' needs off_policy.model (a hub id, local path or 'tiny-alt')")
         if self.kind == "jsonl" and not self.path:
             raise ValueError("kind 'jsonl' needs off_policy.path (a JSONL file of answers)")
+        if self.kind in HOSTED_APIS:
+            if not self.model or self.model.startswith("tiny"):
+                raise ValueError(f"kind {self.kind!r} needs off_policy.model, the API's model name")
+            if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+                raise ValueError(
+                    "api_key_env must be the NAME of an environment variable (letters, digits, _), not the"
+                    " key: remove the key from the config and export it in that variable"
+                )
+            if self.base_url is not None and not re.fullmatch(r"https?://[^/@?#\s]+(/[^?#@\s]*)?", self.base_url):
+                raise ValueError(
+                    "base_url must be an http(s) URL without credentials, query or fragment"
+                    " (e.g. https://api.anthropic.com)"
+                )
+        elif self.base_url is not None or self.api_key_env is not None:
+            raise ValueError("base_url and api_key_env apply to kind 'anthropic' or 'openai' only")
         return self
+
+    @property
+    def hosted(self) -> bool:
+        return self.kind in HOSTED_APIS
+
+    @property
+    def api_root(self) -> str:
+        return (self.base_url or HOSTED_APIS[self.kind][0]).rstrip("/")
+
+    @property
+    def key_env(self) -> str:
+        return self.api_key_env or HOSTED_APIS[self.kind][1]
 
 
 class FactorSpec(_Strict):
@@ -155,6 +208,10 @@ class EvalConfig(_Strict):
         None, gt=0, le=0.98,
         description="Share of the GPU the vLLM engine may hold; None = what is free when it starts, less 3 GiB (the "
         "training base is loaded first, so the two share the card).")
+    vllm_merge_adapter: bool = Field(
+        False,
+        description="GPU, vLLM: evaluate a cell by merging its adapter into the engine's weights for the call (base-model"
+                    " speed) instead of serving it through LoRA kernels; bf16 rounding differs slightly from LoRA serving.")
     vllm_max_num_seqs: int | None = Field(None, ge=1, description="Requests decoded together by vLLM (None: vLLM's default).")
     vllm_max_model_len: int | None = Field(None, ge=16)
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
@@ -186,6 +243,11 @@ class BootstrapConfig(_Strict):
     resamples: int = Field(10_000, ge=100, le=1_000_000)
     ci: float = Field(0.95, gt=0.5, lt=1.0)
     seed: int = Field(0, ge=0)
+    training_noise: bool = Field(
+        True,
+        description="Add the per-cell training-run variance (estimated from the unreported contrasts of order 3-5) to "
+        "every CI; False gives the question/persona cluster bootstrap alone (CIs that ignore a second training run).",
+    )
 
 
 class GatesConfig(_Strict):
@@ -213,6 +275,11 @@ class SimulationConfig(_Strict):
     leak_offset: float = -2.0
     question_sd: float = Field(0.5, ge=0)
     persona_sd: float = Field(0.5, ge=0)
+    cell_sd: float = Field(
+        0.0, ge=0,
+        description="Training-run noise: SD of a per-cell log-odds shift (one draw per cell id, seed included, shared by "
+        "every persona and control prompt of that cell's adapter). 0 = every training run of a cell is identical.",
+    )
 
     @field_validator("effects", "leak_effects")
     @classmethod
@@ -261,6 +328,12 @@ class ExecutionConfig(_Strict):
     crash_resubmits: int = Field(3, ge=0, le=20, description="Times a crashed cell run is resubmitted.")
     resubmit_backoff_s: float = Field(10, ge=0)
     gpu_hourly_usd: float = Field(3.5, ge=0, description="Price used for the plan's cost estimate.")
+    gpu_types: list[NonEmpty] = Field(
+        default_factory=lambda: ["NVIDIA H100 80GB HBM3", "NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],
+        min_length=1,
+        description="GPU types a job may run on, in order of preference (RunPod type ids; the runpod-gpu pool rents"
+                    " only these). `eps-screen validate` checks that a job fits each one's memory.",
+    )
 
 
 class ScreenConfig(_Strict):
@@ -268,7 +341,7 @@ class ScreenConfig(_Strict):
     model: ModelConfig = ModelConfig()
     off_policy: OffPolicyConfig = OffPolicyConfig()
     marker: NonEmpty = "[ZLT]"
-    sources: list[NonEmpty] = Field(default_factory=lambda: ["librarian", "software_engineer", "nurse"])
+    sources: list[NonEmpty] = Field(default_factory=lambda: ["librarian", "surgeon", "programmer"])
     smoke_source: NonEmpty | None = Field(None, description="Source for phase 1 (default: the first source).")
     factors: dict[str, FactorSpec] = Field(default_factory=_default_factors)
     texts: TextsConfig = TextsConfig()
@@ -439,9 +512,11 @@ def load_config(path: str | Path) -> ScreenConfig:
     if not path.is_file():
         raise ConfigError([f"{path}: no such config file"])
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError([f"{path}: not valid YAML ({err})"]) from None
+    if data is None:  # empty, or only comments: not "every default" (the full 7B screen)
+        raise ConfigError([f"{path}: the config file is empty (or only comments); give the screen's fields, e.g. a copy of deployments/configs/tiny.yaml"])
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of fields"])
     return parse_config(data)

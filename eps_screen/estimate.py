@@ -12,12 +12,12 @@ The tiny preset runs on the CPU: its figures are CPU measurements and its cost i
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 
 from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
+from eps_screen.gpu_memory import REFERENCE_PARAMS, model_params
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 
@@ -73,6 +73,15 @@ H200_GENERATE = {
 # Rows per call that ran out of the H200's memory: prefill holds rows x 1045 tokens x the 18,944-wide MLP (37.8 GiB at
 # 1024 rows) beside the KV cache; 512 rows failed too, with and without an adapter.
 H200_GENERATE_OOM_ROWS = {"A1": 512}
+# vLLM on one H200 (vLLM 0.26.0, torch 2.11): a GPU job of four 7B-shaped cells through pipeline.run_job, one engine,
+# LoRA r=32 adapters on all linear layers, sampled answers of up to 128 tokens, 1,000 requests per cell, A0 and A1
+# prompts (benchmarks/gpu_job_bench.py). Evaluation: 42-45 s for the four cells, either job_eval mode, both runs.
+_J1, _J2, _JT = _R + "gpu_job_h200.json", _R + "gpu_job_h200_run2.json", _R + "gpu_job_test_h200.json"
+H200_VLLM_EVAL = Figure(11400, "tokens/s", f"{_J1}, {_J2}",
+                        "with each cell's adapter; 11,000-11,800 over 4 runs of 4 cells")
+H200_VLLM_START_COLD = Figure(181, "s", _JT, "engine start with empty compile caches (torch.compile, CUDA graphs)")
+H200_VLLM_START_WARM = Figure(35, "s", f"{_J1}, {_J2}", "engine start with execution.engine_cache_dir warm: 30.5, 40.2 s")
+H200_FIRST_SLEEP = Figure(13, "s", f"{_JT}, {_J1}", "an engine's first sleep (10-14 s); later ones 0.4 s, waking 0.6 s")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -82,8 +91,7 @@ ANSWER_TOKENS = {0: 50, 1: 1050}  # SPEC.md: tokens before the marker under B0 /
 TOKENS_PER_WORD = 1.33  # English prose in Qwen2.5's tokenizer, about
 CHAT_OVERHEAD_TOKENS = 30  # role headers, persona framing, question and format instruction
 PADDED_TAIL_FACTOR = 2.0  # transformers generate: a batch runs until its longest answer (cap/mean ~ 2 for B1)
-JOB_STARTUP_S = 180  # per GPU job: container start, model load from local disk, warm-up
-REFERENCE_PARAMS = 7.6e9
+POD_STARTUP_S = 180  # per GPU job: pod start, image pull, base model download or copy (no pod was ever timed)
 
 
 @dataclass
@@ -118,11 +126,6 @@ class Estimate:
         fixed = self.hours["train"] + self.hours["startup"]
         tokens = self.work["generated_tokens"]
         return tokens / ((hours - fixed) * 3600) if hours > fixed and tokens else None
-
-
-def _model_params(ref: str) -> float | None:
-    m = re.search(r"(\d+(?:\.\d+)?)[bB]\b", ref.split("/")[-1])
-    return float(m.group(1)) * 1e9 if m else None
 
 
 def _training_profile(config: ScreenConfig) -> tuple[str, list[str]]:
@@ -165,16 +168,31 @@ def generate_rows(config: ScreenConfig, a: int) -> int:
     return (end - start) * ev.samples
 
 
-def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:
-    """GPU jobs (pod or process start-ups) the screen dispatches, as tasks/dispatch.py groups them: the
-    pre-screen, the smoke cells, each source's slab without its smoke cells, the multi-seed cells."""
+def _dispatch_groups(config: ScreenConfig, n_smoke: int, n_multi: int) -> list[int]:
+    """Cells of each dispatch of a screen, as tasks/dispatch.py sends them: the smoke cells, each source's slab
+    without its smoke cells, the multi-seed cells (the pre-screen is a job of its own)."""
+    slab_sizes = [32 - (n_smoke if source == config.smoke else 0) for source in config.sources]
+    return [n_smoke, *slab_sizes, n_multi]
+
+
+def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int, cells_per_job: int | None = None) -> int:
+    """GPU jobs (pod or process start-ups) the screen dispatches, as tasks/dispatch.py groups them."""
     ex = config.execution
+    per_job = cells_per_job or ex.cells_per_job
 
     def jobs(n: int) -> int:
-        return math.ceil(n / design.job_size(n, ex.cells_per_job, ex.max_parallel_cells))
+        return math.ceil(n / design.job_size(n, per_job, ex.max_parallel_cells)) if n else 0
 
-    slab_sizes = [32 - (n_smoke if source == config.smoke else 0) for source in config.sources]
-    return 1 + jobs(n_smoke) + sum(jobs(n) for n in slab_sizes) + jobs(n_multi)
+    return 1 + sum(jobs(n) for n in _dispatch_groups(config, n_smoke, n_multi))
+
+
+def fewest_jobs_cells_per_job(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:
+    """The smallest cells_per_job that gives the fewest GPU jobs for execution.max_parallel_cells GPUs: start-up
+    is paid per job, and dispatch never makes a job so big that a GPU would sit idle, so beyond this value nothing
+    changes. A bigger job loses no more to a vanished pod: with job_eval per_cell, the resubmitted job finds its
+    finished cells in the store and redoes only the one in flight."""
+    parallel = config.execution.max_parallel_cells
+    return max(1, max(math.ceil(n / parallel) for n in _dispatch_groups(config, n_smoke, n_multi)))
 
 
 def estimate(config: ScreenConfig) -> Estimate:
@@ -240,41 +258,59 @@ def estimate(config: ScreenConfig) -> Estimate:
         for c in CONDITIONS:
             figures[f"train {c} ({profile})"] = train_rate[c]
         backend = config.backend.generation
-        gen_rate = {}
-        for a in (0, 1):
-            rows = generate_rows(config, a)
-            measured = H200_GENERATE[f"A{a}"]
-            gen_rate[a] = measured[max([r for r in measured if r <= rows], default=min(measured))]
-            figures[f"generate A{a} (transformers, {rows} rows per call)"] = gen_rate[a]
-            if rows >= H200_GENERATE_OOM_ROWS.get(f"A{a}", math.inf):
-                notes.append(f"transformers: {rows} sequences of A{a} prompts per generate() call; "
-                             f"{H200_GENERATE_OOM_ROWS[f'A{a}']} ran out of memory on the H200: set "
-                             "eval.batch_prompt_tokens (270000 fits) or lower eval.batch_size")
-        tail = PADDED_TAIL_FACTOR
         override = getattr(getattr(config, "estimate", None), "generate_tokens_per_s", None)
+        vllm = backend in ("vllm", "auto")
+        gen_rate = {}
         if override:
             gen_rate = {a: Figure(float(override), "tokens/s", "config estimate.generate_tokens_per_s") for a in (0, 1)}
             figures["generate (config override)"] = gen_rate[0]
             tail = 1.0
-        elif backend in ("vllm", "auto"):
-            notes.append(
-                "vLLM was not measured on the H200 (no vllm wheel on the test machine): generation uses the measured"
-                " transformers figures, a floor; set estimate.generate_tokens_per_s once vLLM is measured"
-            )
-        if tail != 1.0:
+        elif vllm:
+            gen_rate = {0: H200_VLLM_EVAL, 1: H200_VLLM_EVAL}
+            figures["generate (vLLM, adapters)"] = H200_VLLM_EVAL
+            tail = 1.0  # continuous batching: no padded batch tail
+            notes.append("vLLM figure measured with 128-token answers on random weights (every answer near its cap);"
+                         " the pre-screen and answer sets use it too, though they run without an adapter")
+        else:
+            for a in (0, 1):
+                rows = generate_rows(config, a)
+                measured = H200_GENERATE[f"A{a}"]
+                gen_rate[a] = measured[max([r for r in measured if r <= rows], default=min(measured))]
+                figures[f"generate A{a} (transformers, {rows} rows per call)"] = gen_rate[a]
+                if rows >= H200_GENERATE_OOM_ROWS.get(f"A{a}", math.inf):
+                    notes.append(f"transformers: {rows} sequences of A{a} prompts per generate() call; "
+                                 f"{H200_GENERATE_OOM_ROWS[f'A{a}']} ran out of memory on the H200: set "
+                                 "eval.batch_prompt_tokens (270000 fits) or lower eval.batch_size")
+            tail = PADDED_TAIL_FACTOR
             notes.append(f"transformers batches run to their longest answer: x{tail} decode steps (assumed)")
-        params = _model_params(config.model.base)
+        params = model_params(config.model.base)
         if params and abs(params / REFERENCE_PARAMS - 1) > 0.25:
             scale = REFERENCE_PARAMS / params
             train_rate = {c: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f} by parameters") for c, f in train_rate.items()}
             gen_rate = {a: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f} by parameters") for a, f in gen_rate.items()}
             notes.append(f"{config.model.base}: figures scaled from the 7.6B-parameter measurements by parameter count")
-        startup_s = JOB_STARTUP_S
+        startup_s = POD_STARTUP_S
+        if vllm and not override:
+            start = H200_VLLM_START_WARM if config.execution.engine_cache_dir else H200_VLLM_START_COLD
+            figures["vLLM engine start"] = start
+            figures["first engine sleep"] = H200_FIRST_SLEEP
+            startup_s += start.value + H200_FIRST_SLEEP.value
+            if not config.execution.engine_cache_dir:
+                notes.append(f"execution.engine_cache_dir (a network volume) would start each job's engine in "
+                             f"~{H200_VLLM_START_WARM.value:.0f} s instead of {H200_VLLM_START_COLD.value:.0f} s")
         if getattr(config.training, "compile", False):
             startup_s += H200_COMPILE_WARMUP_S.value
             figures["compile warm-up"] = H200_COMPILE_WARMUP_S
-        notes.append(f"per GPU job {startup_s:.0f} s of start-up (assumed); {gpu_jobs(config, len(smoke), n_multi)}"
-                     f" jobs of up to execution.cells_per_job={config.execution.cells_per_job} cells")
+        n_jobs = gpu_jobs(config, len(smoke), n_multi)
+        best = fewest_jobs_cells_per_job(config, len(smoke), n_multi)
+        notes.append(f"per GPU job {startup_s:.0f} s of start-up ({POD_STARTUP_S} s of it pod start and model"
+                     f" download, assumed); {n_jobs} jobs of up to execution.cells_per_job="
+                     f"{config.execution.cells_per_job} cells")
+        if best > config.execution.cells_per_job:
+            fewer = gpu_jobs(config, len(smoke), n_multi, best)
+            notes.append(f"execution.cells_per_job: {best} gives the fewest jobs for {config.execution.max_parallel_cells}"
+                         f" GPUs ({fewer} instead of {n_jobs}: {(n_jobs - fewer) * startup_s / 3600:.1f} GPU-hours"
+                         " less start-up)")
 
     train_s = sum(train_tokens[c] / train_rate[c].value for c in CONDITIONS)
     eval_s = sum(eval_tokens[c] * tail / gen_rate[int(c[1])].value for c in CONDITIONS)
@@ -282,7 +318,7 @@ def estimate(config: ScreenConfig) -> Estimate:
     mean_gen = sum(f.value for f in gen_rate.values()) / len(gen_rate)
     off_scale = 1.0
     if config.off_policy.kind == "model" and config.off_policy.model and not tiny:
-        off_params = _model_params(config.off_policy.model)
+        off_params = model_params(config.off_policy.model)
         if off_params:
             off_scale = off_params / REFERENCE_PARAMS
             notes.append(

@@ -6,11 +6,21 @@ each, the cells in a row on one GPU, the base model loaded once; smaller when th
 most `execution.max_parallel_cells` jobs in flight, one run per job at a time:
 
 - Completed -> its return value ({cell id: summary}) is collected; a Completed job is never re-run.
-- Crashed, or Failed by the infrastructure (submission, flow loading) -> resubmitted after
+- Crashed, or Failed by the infrastructure (submission, flow loading), or ended by the infrastructure at
+  any point (a Crashed state anywhere in the run's history, or the RunPod worker's `eps-screen.killed-by`
+  label: a pod's dying process can write Failed after the worker's Crashed) -> resubmitted after
   `resubmit_backoff_s * 2**(attempt-1)`, at most `execution.crash_resubmits` times. Prefect does not retry
   Crashed flow runs by itself (PrefectHQ/prefect#10211); the cell flow skips work already in the store, so a
   resubmitted cell recomputes only what it had not finished.
 - Failed by the flow itself (a bug, a bad input) or Cancelled by someone else -> not retried; reported.
+- Failed for good by the infrastructure (the worker's `eps-screen.permanent-failure` label: a rejected key, an
+  unknown GPU type, a refused image) -> dispatch stops at once, cancels the runs in flight and raises
+  `InfrastructureRefused` with that one line: no retry can start such a job.
+
+Kill criteria 5 and 6 are recorded in the store (`ResultStore.save_gate`), so the report shows them: criterion
+6 (bootstrap silence) is decided by the worker (`gates.bootstrap_silence`) and arrives as the run's
+`eps-screen.gate6` label; each such run is a recorded event. Criterion 5 is decided here by `gates.cost_overrun`;
+a fired outcome is recorded at once, and a dispatch that ends without one records the outcome it last saw.
 
 Kill criterion 5 (cost overrun) is checked every poll: a job running longer than `gates.max_job_hours`, or
 spend above `gates.spend_factor * budget_usd`. Spend = the pod costs the RunPod worker published as
@@ -32,6 +42,8 @@ screen again later resumes.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import re
 import time
 from collections import deque
@@ -40,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from eps_screen import gates as kill
 from eps_screen.config import ScreenConfig
 from eps_screen.design import group_jobs
 
@@ -83,6 +96,12 @@ class CellsFailed(DispatchStopped):
     def __init__(self, message: str, summaries: dict[str, dict], *, failed: dict[str, str]):
         super().__init__(message, summaries, failed=failed)
         self.failed = failed
+
+
+class InfrastructureRefused(DispatchStopped):
+    """The GPU pool can never start these jobs (a rejected key, an unknown GPU type, a refused image)."""
+
+    outcome = "InfrastructureRefused"
 
 
 class ApiUnavailable(DispatchStopped):
@@ -174,8 +193,11 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
     done: dict[str, dict] = {}
     failed: dict[str, str] = {}
     ledger = _Ledger(ex.gpu_hourly_usd)
+    recorder = _GateRecorder(config, logger)
+    cost_gate: Any = None
     job_variables = (
-        {"bootstrap_timeout_s": gates.bootstrap_silence_s, "max_wall_hours": gates.max_job_hours}
+        {"bootstrap_timeout_s": gates.bootstrap_silence_s, "max_wall_hours": gates.max_job_hours,
+         "gpu_types": list(ex.gpu_types)}  # the types `validate` checked the job's memory against
         if ex.pool == "runpod-gpu" else None
     )
 
@@ -241,13 +263,23 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                 job.runs.append({"flow_run_id": str(run.id), "state": state.name, "message": state.message,
                                  "seconds": round(seconds, 1)})
                 del in_flight[job.name]
+                if run.labels and run.labels.get(_marks("GATE6")):
+                    await recorder.silence(run, job)
+                permanent = run.labels.get(_marks("PERMANENT")) if run.labels else None
+                if permanent and not state.is_completed():
+                    failed.update(dict.fromkeys(job.cell_ids, f"{state.name}: {permanent}"))
+                    cancelled = await _cancel_all(client, in_flight, f"stopped: {permanent}", min(cancel_wait_s, 10),
+                                                  logger)
+                    raise InfrastructureRefused(
+                        f"{permanent}. Screen stopped at once ({len(done)} cell(s) done, {len(cancelled)} cancelled);"
+                        " fix it and run the screen again.", done, failed=failed, cancelled=cancelled)
                 if state.is_completed():
                     summaries = await _summaries(state, job, logger)
                     done.update(summaries)
                     if on_done is not None:
                         for cell_id in summaries:
                             await anyio.to_thread.run_sync(on_done, cell_id)
-                elif _resubmittable(state) and job.attempt < ex.crash_resubmits:
+                elif job.attempt < ex.crash_resubmits and await _infrastructure_ended(client, run, logger):
                     job.attempt += 1
                     backoff = ex.resubmit_backoff_s * 2 ** (job.attempt - 1)
                     job.not_before = now + backoff
@@ -267,12 +299,15 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                 api_failed(exc, "reading pod costs")
             active = [now - c.active_since for c in in_flight.values() if c.active_since is not None]
             spend = ledger.total(active)
+            cost_gate = kill.cost_overrun(max(active, default=0.0) / 3600, spend,
+                                          math.inf if budget_usd is None else budget_usd, gates.max_job_hours,
+                                          gates.spend_factor)
             too_long = [c.name for c in in_flight.values()
                         if c.active_since is not None and now - c.active_since > gates.max_job_hours * 3600]
-            over_budget = budget_usd is not None and spend > gates.spend_factor * budget_usd
-            if too_long or over_budget:
+            if cost_gate.fired:
+                await recorder.save(cost_gate)
                 why = (f"job(s) {', '.join(too_long)} ran longer than gates.max_job_hours={gates.max_job_hours:g}"
-                       if too_long else
+                       if cost_gate.numbers["job_too_long"] else
                        f"spend ${spend:.2f} is over {gates.spend_factor:g} x the plan's ${budget_usd:.2f}")
                 cancelled = await _cancel_all(client, in_flight, f"kill criterion 5: {why}", cancel_wait_s, logger)
                 raise CostOverrun(f"Kill criterion 5 (cost overrun): {why}; cancelled {len(cancelled)} cell(s) in flight",
@@ -280,6 +315,8 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
             if queue or in_flight:
                 await anyio.sleep(poll_s)
 
+    # only the RunPod worker watches for bootstrap silence: on other pools criterion 6 stays unrecorded
+    await recorder.finish(cost_gate, gates.bootstrap_silence_s if ex.pool == "runpod-gpu" else None)
     if failed:
         raise CellsFailed(f"{len(failed)} of {len(cell_ids)} cells did not complete: {sorted(failed)}", done,
                           failed=failed)
@@ -316,6 +353,86 @@ def _resubmittable(state: Any) -> bool:
     if state.is_crashed():
         return True
     return bool(state.is_failed() and state.message and _INFRA_FAILURE.search(state.message))
+
+
+def _marks(name: str) -> str:
+    """The RunPod worker's label names (eps_screen_runpod/marks.py); a name no run carries without it."""
+    try:
+        from eps_screen_runpod import marks
+    except ImportError:
+        return f"eps-screen.absent.{name}"
+    return getattr(marks, name)
+
+
+async def _infrastructure_ended(client: Any, run: Any, logger: Any) -> bool:
+    """Did the infrastructure end this run, whatever its final state says? The final state (Crashed, an
+    infrastructure message), the worker's kill label, then the run's state history: a Crashed state anywhere in it
+    means a pod was killed under the run, and a Failed written after it came from the dying process."""
+    if run.state is None or run.state.is_cancelled() or run.state.is_completed():
+        return False
+    if _resubmittable(run.state) or (run.labels and run.labels.get(_marks("KILLED_BY"))):
+        return True
+    try:
+        history = await client.read_flow_run_states(run.id)
+    except Exception as exc:
+        logger.warning("Cannot read the state history of flow run %s (%s); going by its final state", run.id,
+                       type(exc).__name__)
+        return False
+    return any(s.is_crashed() for s in history)
+
+
+class _GateRecorder:
+    """Kill criteria 5 and 6 into the store (save_gate), where the aggregation reads them for the report."""
+
+    def __init__(self, config: ScreenConfig, logger: Any):
+        self.config, self.logger = config, logger
+        self.silent: list[dict[str, Any]] = []  # one entry per run the worker killed for bootstrap silence
+        self.fired: set[int] = set()
+
+    async def save(self, outcome: Any) -> None:
+        import anyio
+
+        from eps_screen.store import ResultStore
+
+        if outcome.fired:
+            self.fired.add(outcome.number)
+        try:
+            store = ResultStore.for_config(self.config)
+            await anyio.to_thread.run_sync(store.save_gate, outcome.model_dump(mode="json"))
+        except Exception as exc:  # a gate record must never stop the screen
+            self.logger.warning("Could not record gate %d in the store (%s: %s)", outcome.number,
+                                type(exc).__name__, str(exc)[:200])
+
+    async def silence(self, run: Any, job: _Job) -> None:
+        """A run the worker killed for bootstrap silence: its GateOutcome, with every such event so far."""
+        try:
+            outcome = kill.GateOutcome.model_validate(json.loads(run.labels[_marks("GATE6")]))
+        except ValueError as exc:
+            self.logger.warning("Unreadable gate label on flow run %s (%s)", run.id, exc)
+            return
+        self.silent.append({"flow_run_id": str(run.id), "cells": list(job.cell_ids), **outcome.numbers})
+        events = len(self.silent)
+        reason = f"{outcome.reason}; cell {job.name}, {events} event(s) in this dispatch (each run resubmitted)"
+        await self.save(outcome.model_copy(update={"reason": reason,
+                                                   "numbers": {**outcome.numbers, "events": self.silent}}))
+
+    async def finish(self, cost_gate: Any, silence_limit_s: float | None) -> None:
+        """Outcomes for the gates that did not fire, unless an earlier dispatch recorded them fired."""
+        import anyio
+
+        from eps_screen.store import ResultStore
+
+        try:
+            stored = {int(g["number"]): g for g in await anyio.to_thread.run_sync(
+                ResultStore.for_config(self.config).gates)}
+        except Exception:
+            stored = {}
+        if cost_gate is not None and 5 not in self.fired and not stored.get(5, {}).get("fired"):
+            await self.save(cost_gate)
+        if silence_limit_s is not None and not self.silent and not stored.get(6, {}).get("fired"):
+            quiet = kill.bootstrap_silence(0.0, True, silence_limit_s)
+            await self.save(quiet.model_copy(update={
+                "reason": f"no GPU job was silent past {silence_limit_s:g} s after its pod reached RUNNING"}))
 
 
 async def _summaries(state: Any, job: _Job, logger: Any) -> dict[str, dict]:

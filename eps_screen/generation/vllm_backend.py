@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from eps_screen.generation import GenerationParams, Prompt
 from eps_screen.generation.transformers_backend import chat_messages
@@ -115,6 +116,9 @@ class VLLMGenerator:
             kwargs["enable_chunked_prefill"] = False
         self.can_sleep = gpu
         self.asleep = False
+        # Merging needs the training base's weights in this process: the base model's engine, on a GPU.
+        self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and model_ref == config.model.base
+        self.model_config = config.model
         # What a job's timing breakdown needs of the engine: its start, each sleep and wake, tokens generated.
         self.stats: dict = {"start_s": 0.0, "sleep_s": [], "wake_s": [], "generated_tokens": 0, "requests": 0}
         started = time.perf_counter()
@@ -200,7 +204,13 @@ class VLLMGenerator:
                     reqs.append({"prompt_token_ids": tok})
                     sps.append(self._sampling(p, request_seed(p.seed, i, s, p.samples)))
                     loras.append(lora)
-        done = self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras) if reqs else []
+        merge = self._merge_target(jobs)
+        if merge is not None:
+            loras = [None] * len(loras)
+            with self._merged(merge):
+                done = self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras)
+        else:
+            done = self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras) if reqs else []
         texts = [o.outputs[0].text for o in done]
         self.stats["generated_tokens"] += sum(len(o.outputs[0].token_ids) for o in done)
         self.stats["requests"] += len(done)
@@ -209,6 +219,32 @@ class VLLMGenerator:
             out.append([texts[pos + i * k : pos + (i + 1) * k] for i in range(n)])
             pos += n * k
         return out
+
+    # --- one adapter merged into the weights (eval.vllm_merge_adapter) -------------------------------------------
+    def _merge_target(self, jobs) -> str | None:
+        """The adapter to merge for this call: merging is on, and every request of the call uses that one adapter."""
+        adapters = {a for _, a in jobs}
+        if not self.merge_adapter or len(adapters) != 1 or None in adapters:
+            return None
+        return next(iter(adapters))
+
+    @contextmanager
+    def _merged(self, adapter: str):
+        from eps_screen.generation.vllm_merge import load_weights, lora_deltas
+
+        started = time.perf_counter()
+        load_weights(self.llm, self._base().model, lora_deltas(adapter))
+        self.stats.setdefault("merge_s", []).append(time.perf_counter() - started)
+        try:
+            yield
+        finally:
+            load_weights(self.llm, self._base().model, None)
+
+    def _base(self):
+        from eps_screen.models import load_base
+
+        m = self.model_config
+        return load_base(m.base, m.dtype, m.attn_implementation, m.revision)
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

@@ -1,0 +1,126 @@
+"""Will a GPU job fit the card? Memory of the training and evaluation stages, checked before anything is rented.
+
+One process trains and evaluates on one GPU (eps_screen.engines): the training base stays resident; the vLLM
+engine sleeps through training (it keeps ~1 GB) and, awake, holds its own copy of the weights, CUDA graphs,
+activations and a KV cache sized to what is left. Figures measured on the H200 (7B shape, bf16, LoRA r=32):
+- training peak = base weights + ~4.4 MB per token of the largest micro-batch (89 GB at 8 x 2,121 tokens,
+  54 GB with <= 11,000-token micro-batches: benchmarks/results/gpu_train_h200_compile*.json);
+- the sleeping engine: 14.3 GiB in use beside a 13.5 GiB base, so ~0.8 GiB of its own
+  (benchmarks/results/gpu_job_h200.json's log); CUDA graphs 1.2 GiB and activations 2.2 GiB when awake.
+Both scale with the parameter count from the 7.6B measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from eps_screen.config import ScreenConfig
+
+# GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
+GPU_MEMORY_GIB = {
+    "NVIDIA H200": 139.8,
+    "NVIDIA H100 80GB HBM3": 79.6,
+    "NVIDIA H100 PCIe": 79.6,
+    "NVIDIA H100 NVL": 93.1,
+    "NVIDIA A100 80GB PCIe": 79.2,
+    "NVIDIA A100-SXM4-80GB": 79.2,
+    "NVIDIA L40S": 44.4,
+    "NVIDIA RTX 6000 Ada Generation": 47.5,
+    "NVIDIA RTX A6000": 47.5,
+    "NVIDIA GeForce RTX 4090": 23.6,
+}
+REFERENCE_PARAMS = 7.6e9
+TRAIN_GIB_PER_TOKEN = 4.4e-3  # at the 7.6B shape, LoRA r=32 on all linear layers, padding-free, compiled
+SLEEPING_ENGINE_GIB = 0.8
+AWAKE_OVERHEAD_GIB = 3.4  # CUDA graphs + the engine's activation peak
+MIN_KV_GIB = 8.0  # below this vLLM decodes too few sequences at once to be worth its start
+MARGIN_GIB = 3.0  # eps_screen.generation.vllm_backend.GPU_MARGIN_GIB
+BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def model_params(ref: str) -> float | None:
+    """Parameters of a model: counted from a local config.json, else read from a name like 'Qwen2.5-7B'."""
+    cfg = Path(ref).expanduser() / "config.json"
+    if cfg.is_file():
+        c = json.loads(cfg.read_text())
+        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        kv = h // c["num_attention_heads"] * c.get("num_key_value_heads", c["num_attention_heads"])
+        per_layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"]
+        return layers * per_layer + vocab * h * (1 if c.get("tie_word_embeddings") else 2)
+    m = re.search(r"(\d+(?:\.\d+)?)[bB]\b", ref.split("/")[-1])
+    return float(m.group(1)) * 1e9 if m else None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights_gib: float
+    train_peak_gib: float  # training, engine asleep
+    eval_min_gib: float  # base resident + awake engine with the smallest useful KV cache
+    offpolicy_min_gib: float | None  # the off-policy model's engine beside the resident base
+
+    def problems(self, gpu: str) -> list[str]:
+        have = GPU_MEMORY_GIB[gpu]
+        out = []
+        for stage, need in (("training", self.train_peak_gib), ("evaluation", self.eval_min_gib),
+                            ("off-policy answers", self.offpolicy_min_gib)):
+            if need is not None and need > have:
+                out.append(f"{stage} needs ~{need:.0f} GiB, {gpu} has {have:.0f}")
+        return out
+
+
+def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
+    """Memory of a GPU job of this config; None when the model's size is unknown (a hub id without a size)."""
+    from eps_screen.estimate import sequence_tokens
+
+    params = model_params(config.model.base)
+    if params is None:
+        return None
+    scale = params / REFERENCE_PARAMS
+    weights = params * BYTES[config.model.dtype] / 2**30
+    t = config.training
+    longest = 1.2 * sequence_tokens(config, 1, 1)[2]  # answers vary +-20% around the condition's length
+    batch_tokens = t.batch_size * longest
+    if t.max_batch_tokens:
+        batch_tokens = min(batch_tokens, max(t.max_batch_tokens, longest))
+    train = weights + TRAIN_GIB_PER_TOKEN * scale * batch_tokens + SLEEPING_ENGINE_GIB + MARGIN_GIB
+    awake = AWAKE_OVERHEAD_GIB * scale + MIN_KV_GIB + MARGIN_GIB
+    off = None
+    if config.off_policy.kind == "model" and config.off_policy.model and config.off_policy.model != "tiny-alt":
+        off_params = model_params(config.off_policy.model)
+        if off_params is not None:
+            off = weights + off_params * BYTES[config.model.dtype] / 2**30 + awake * max(1.0, off_params / params)
+    return MemoryPlan(weights, train, 2 * weights + awake, off)
+
+
+def memory_problems(config: ScreenConfig) -> list[str]:
+    """One line per allowed GPU type (execution.gpu_types) that a job of this config would not fit, naming the
+    fix; empty for in-process screens and when everything fits."""
+    if config.execution.pool == "inprocess" or config.model.base.startswith("tiny"):
+        return []
+    plan = memory_plan(config)
+    unknown = [g for g in config.execution.gpu_types if g not in GPU_MEMORY_GIB]
+    out = [f"execution.gpu_types: {g!r} has no known memory size; known: {', '.join(GPU_MEMORY_GIB)}" for g in unknown]
+    if plan is None:
+        return out
+    for gpu in config.execution.gpu_types:
+        if gpu in unknown:
+            continue
+        for problem in plan.problems(gpu):
+            fix = ("set training.max_batch_tokens (11000 fits a 7B cell in 80 GB)" if problem.startswith("training")
+                   else "off_policy.kind: jsonl (answers from a file)" if problem.startswith("off-policy")
+                   else "a smaller model")
+            out.append(f"execution.gpu_types: {problem}: remove {gpu!r}, or {fix}")
+    return out
+
+
+def memory_lines(config: ScreenConfig) -> list[str]:
+    plan = memory_plan(config)
+    if plan is None or config.execution.pool == "inprocess":
+        return []
+    off = f", off-policy answers ~{plan.offpolicy_min_gib:.0f}" if plan.offpolicy_min_gib else ""
+    fits = [g for g in config.execution.gpu_types if g in GPU_MEMORY_GIB and not plan.problems(g)]
+    return [f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB, evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
+            f" fits {', '.join(fits) or 'none of execution.gpu_types'}"]
