@@ -162,7 +162,7 @@ def test_gate_3_fires_when_sources_disagree():
     down = ScreenConfig(bootstrap=FAST, simulation={"effects": {"A": -1.0, "B": -1.0, "C": -1.0, "D": -0.8, "E": 0.8}})
     personas = load_panels().eval_personas(up.sources, up.eval.personas)
     parts = [
-        simulate_cell_answers(up if c.source != "nurse" else down, c, personas, 20, 5, 0)
+        simulate_cell_answers(up if c.source != "programmer" else down, c, personas, 20, 5, 0)
         for c in all_slab_cells(up)
     ]
     result = compute(up, pl.concat(parts), [c.id for c in all_slab_cells(up)])
@@ -242,8 +242,8 @@ def test_multiseed_cells_do_not_enter_the_factorial(screen):
 
 def test_bootstrap_is_seeded(screen):
     config, slab, _, answers = screen
-    sub = answers.filter(pl.col("source") == "nurse")
-    ids = [c.id for c in slab if c.source == "nurse"]
+    sub = answers.filter(pl.col("source") == "programmer")
+    ids = [c.id for c in slab if c.source == "programmer"]
     one = compute(config, sub, ids).estimates.find("SR", "A")
     two = compute(config, sub, ids).estimates.find("SR", "A")
     other = compute(config.model_copy(update={"bootstrap": config.bootstrap.model_copy(update={"seed": 99})}), sub, ids)
@@ -254,14 +254,14 @@ def test_bootstrap_is_seeded(screen):
 
 def test_partial_screen_is_reported_honestly(screen, tmp_path):
     config, slab, multi, answers = screen
-    dropped = [c.id for c in slab if c.source == "nurse"][:3] + [multi[0].id]
+    dropped = [c.id for c in slab if c.source == "programmer"][:3] + [multi[0].id]
     present = answers.filter(~pl.col("cell_id").is_in(dropped))
     result = aggregate(config, present, [c.id for c in slab + multi], tmp_path)
     cov = result.metrics.coverage
     assert cov.partial and cov.missing_cells == dropped and cov.factorial_missing == dropped[:3]
     assert cov.factorial_cells == 93
     for e in result.main_effects.effects:
-        assert e.partial is (e.source in ("nurse", "pooled")), (e.source, e.partial)
+        assert e.partial is (e.source in ("programmer", "pooled")), (e.source, e.partial)
     assert all(p.partial for p in result.metrics.predictions)
     html = (tmp_path / "clean_result.html").read_text()
     assert "Partial screen" in html and all(c in html for c in dropped)
@@ -329,9 +329,9 @@ def test_judge_predictions_from_draws():
 
 def test_a_missing_source_makes_pooled_partial(screen):
     config, slab, _, answers = screen
-    present = answers.filter(pl.col("source") != "nurse")
+    present = answers.filter(pl.col("source") != "programmer")
     result = compute(config, present, [c.id for c in slab])
-    assert result.estimates.sources == ["librarian", "software_engineer"]
+    assert result.estimates.sources == ["librarian", "surgeon"]
     assert result.estimates.find("SR", "A").partial
     assert not result.estimates.find("SR", "A", "librarian").partial
     assert len(result.metrics.coverage.factorial_missing) == 32

@@ -150,7 +150,7 @@ def test_status_per_phase_and_per_cell(screen_store, capsys):
     assert main(["status", "ops", "--store", str(store), "--cells", "all"]) == 0
     out = capsys.readouterr().out
     assert "latest screen run" in out and "Completed" in out
-    for row in ("smoke", "slab librarian", "slab software_engineer", "slab nurse", "multiseed", "all distinct"):
+    for row in ("smoke", "slab librarian", "slab surgeon", "slab programmer", "multiseed", "all distinct"):
         assert row in out
     assert "librarian-A0B0C0D0E0-s42" in out and "finished" in out
     assert "pre-screen contamination" in out  # the gates table
@@ -169,7 +169,7 @@ def test_retry_recomputes_only_the_unfinished_cells_then_reports(screen_store, c
     from flows.cli import main
 
     store, screen_dir = screen_store
-    lost = ["nurse-A1B1C1D1E1-s42", "software_engineer-A0B1C0D1E0-s42"]
+    lost = ["programmer-A1B1C1D1E1-s42", "surgeon-A0B1C0D1E0-s42"]
     for cell in lost:
         shutil.rmtree(screen_dir / "cells" / cell)
     report = screen_dir / "report" / "clean_result.html"

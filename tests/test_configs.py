@@ -30,6 +30,49 @@ def test_qwen7b_has_the_numbers_of_the_spec():
     assert c.bootstrap.resamples == 10_000 and c.gates.noise_d == 0.15 and c.gates.spend_factor == 1.5
 
 
+PLAN_SOURCES = ["librarian", "surgeon", "programmer"]  # the sources of the study the spec comes from
+
+
+@pytest.mark.parametrize("name", ["qwen7b.yaml", "tiny.yaml", "simulated.yaml", None])
+def test_the_plans_three_sources_are_shipped_and_the_default(name):
+    config = load_config(CONFIGS / name) if name else parse_config({})
+    assert config.sources == PLAN_SOURCES and config.smoke == "librarian"
+
+
+def test_the_eval_panel_is_24_personas_the_sources_first():
+    from eps_screen.panels import load_panels
+
+    panels = load_panels()
+    for p in map(panels.persona, PLAN_SOURCES):  # each has a role framing (C0) and its lexically matched context (C1)
+        assert p.role.startswith(f"You are a {p.name} who") and p.context.startswith(f"Background context: {p.name}s ")
+        assert p.context.endswith("Answer neutrally and directly.")
+    c = load_config(CONFIGS / "qwen7b.yaml")
+    personas = panels.eval_personas(c.sources, c.eval.personas)
+    assert len(personas) == len(set(personas)) == 24 and personas[:3] == PLAN_SOURCES
+    # The other 21 are the panel in file order: a config with the earlier sources keeps its earlier 24.
+    old = panels.eval_personas(["librarian", "software_engineer", "nurse"], 24)
+    assert old == [p.id for p in panels.personas[:24]]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# eps-screen run x.yaml\n# nothing else\n", "---\n"])
+def test_an_empty_config_file_is_refused_in_one_line(tmp_path, text):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(empty)
+    assert err.value.problems == [f"{empty}: the config file is empty (or only comments); give the screen's fields,"
+                                  " e.g. a copy of deployments/configs/tiny.yaml"]
+
+
+def test_validate_cli_refuses_a_comments_only_file(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# eps-screen run empty.yaml\n")
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(empty)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [f"error: {empty}: the config file is empty (or only comments); give"
+                                               " the screen's fields, e.g. a copy of deployments/configs/tiny.yaml"]
+
+
 BAD = [
     ({"marker": ""}, "marker: must not be empty"),
     ({"model": {"base": "  "}}, "model.base: must not be empty"),

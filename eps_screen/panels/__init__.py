@@ -1,6 +1,7 @@
 """The eval and training panels, kept as data files beside this module.
 
-personas.yaml      24 personas: id, name, role framing (C0), lexically matched neutral context (C1)
+personas.yaml      26 personas: id, name, role framing (C0), lexically matched neutral context (C1); an eval panel
+                   of eval.personas (24 in qwen7b) is the sources, then the others in file order
 eval_questions.txt the 20 eval questions, one per line
 train_questions.txt training questions (disjoint from the eval questions), one per line
 long_system_prompt.txt  ~1000 tokens of real guidance text appended to the framing under A1

@@ -83,7 +83,7 @@ def test_killed_screen_resumes_without_recomputing(tmp_path: Path):
         before = markers(screen_dir)
         assert 20 <= len(before) < 96 and first.returncode == -signal.SIGKILL
         assert (screen_dir / "phases" / "smoke.json").exists()
-        assert not (screen_dir / "phases" / "slab-nurse.json").exists()  # killed during phase 2
+        assert not (screen_dir / "phases" / "slab-programmer.json").exists()  # killed during phase 2
 
         status = subprocess.run([EPS_SCREEN, "status", "simulated", "--store", str(store)], env=env, cwd=ROOT,
                                 capture_output=True, text=True, timeout=120)

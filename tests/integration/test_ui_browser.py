@@ -40,7 +40,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run", "--hide-scrollbars", "--window-size=1600,1100"]
 OUT = ROOT / "test-output"
-CELL_RUN = r"cell ((?:librarian|software_engineer|nurse)-A[01]B[01]C[01]D[01]E[01]-s\d+)(?: cell)? Completed"
+CELL_RUN = r"cell ((?:librarian|surgeon|programmer)-A[01]B[01]C[01]D[01]E[01]-s\d+)(?: cell)? Completed"
 
 
 class Browser:
