@@ -7,11 +7,9 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from eps_screen.aggregate import aggregate as aggregate_results
 from eps_screen.config import ScreenConfig
-from eps_screen.plan import expected_cells
 from eps_screen.store import ResultStore, screen_names
-from flows.ops import load_screen
+from flows.ops import aggregate_here, load_screen
 from tasks.cells import artifact_key
 
 
@@ -38,15 +36,11 @@ def _summary_markdown(config: ScreenConfig, result, report: Path) -> str:
 @flow(name="aggregate", log_prints=True)
 def aggregate(config: ScreenConfig) -> dict:
     """Main effects, interactions, gates 3-4, predictions, figures and clean_result.html from stored cells."""
-    logger = get_run_logger()
-    store = ResultStore.for_config(config)
-    expected = expected_cells(config, store)
-    answers = store.load_answers(config, expected)
-    if answers is None:
-        logger.warning("no finished cells in %s yet: nothing to aggregate", store.dir)
-        return {"report": None, "partial": True, "cells": 0}
-    extras = {"gates": store.gates()}
-    result = aggregate_results(config, answers, [c.id for c in expected], store.report_dir, extras)
+    summary, result = aggregate_here(config)  # the same work as `eps-screen report` without a server
+    if result is None:
+        store = ResultStore.for_config(config)
+        get_run_logger().warning("no finished cells in %s yet: nothing to aggregate", store.dir)
+        return summary
     report = result.paths["clean_result.html"]
     create_markdown_artifact(
         key=artifact_key(f"summary-{config.name}"), markdown=_summary_markdown(config, result, report)
@@ -54,15 +48,7 @@ def aggregate(config: ScreenConfig) -> dict:
     create_link_artifact(
         key=artifact_key(f"report-{config.name}"), link=report.as_uri(), link_text="clean_result.html"
     )
-    for gate in result.metrics.gates:
-        store.save_gate(gate.model_dump(mode="json"))
-    store.push_report()
-    return {
-        "report": str(report),
-        "partial": result.partial,
-        "cells": answers["cell_id"].n_unique(),
-        "fired": [g.name for g in result.fired],
-    }
+    return summary
 
 
 def _stale(store: ResultStore) -> bool:

@@ -88,11 +88,10 @@ def cmd_run(args) -> int:
 
             print(ResultStore.for_config(config).report_dir / "clean_result.html")
             return 0
-    else:
-        from flows.ops import record_owner  # records this process as the run's owner, so `retry` can tell it died
-        from flows.screen import screen  # imports Prefect: only after the config is known to be good
+    else:  # in this process, with live progress on stdout (the report's path stays its last line)
+        from flows.ops import run_screen_here  # imports Prefect only after the config is known to be good
 
-        state = screen.with_options(on_running=[record_owner])(config, return_state=True)
+        state = run_screen_here(config, _console())
     if state.is_completed():
         result = state.result()
         if state.message:

@@ -2,8 +2,10 @@
 
 The store says which cells are finished (metrics.json present); Prefect says what is running, failed or
 crashed. A screen flow run whose process is gone stays "Running" in Prefect forever (nothing marks it), so
-screens started by this CLI record `<host>:<pid>` as the run's infrastructure pid, and `retry` marks such a
-run Crashed when that process no longer exists; elsewhere it asks for `--force`.
+every screen run records `<host>:<pid>` of its own process as the run's infrastructure pid when it starts
+(whether this CLI or a pool worker started it: a process worker records the bare pid, which says nothing about
+the host), and `retry` marks such a run Crashed when that process no longer exists on this host; for a run on
+another host it asks for `--force`.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def owner_tag() -> str:
 
 
 def record_owner(flow, flow_run, state) -> None:
-    """on_running hook for screens this CLI runs in-process: the run's infrastructure pid = this process."""
+    """The screen flow's on_running hook: the run's infrastructure pid = this process, with its host."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
@@ -310,47 +312,137 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
         console.print("every known cell is finished")
 
 
-# --- running a screen, with a progress bar -----------------------------------------------------------------------
+# --- running a screen, with live progress -------------------------------------------------------------------------
 def finished_count(config: ScreenConfig) -> int:
     return ResultStore.for_config(config).finished_count()
 
 
-class StoreProgress:
-    """A rich progress bar of finished cells, read from the store every second while something else works."""
+def finished_ids(store: ResultStore) -> set[str]:
+    """The ids of the cells with a metrics.json (of any key): one listing, cheap enough to poll."""
+    pattern = "cells/*/*/metrics.json"
+    if store.remote:
+        return {Path(p).parent.parent.name for p in store.remote.glob(f"{store.screen}/{pattern}")}
+    return {p.parent.parent.name for p in store.dir.glob(pattern)}
 
-    def __init__(self, config: ScreenConfig, console, label: str):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.config, self.total = config, make_plan(config).distinct_cells
-        self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False)
-        self.task = self.bar.add_task(label, total=self.total)
+def screen_phase(config: ScreenConfig, store: ResultStore, done: set[str]) -> str:
+    """The phase a running screen is in, from the store: the first whose work is not all there."""
+    from eps_screen import design
+    from eps_screen.pipeline import finished_pre_screen
+
+    if finished_pre_screen(config, store) is None:
+        return "phase 0: pre-screen (the base model on the eval panel)"
+    smoke = [c.id for c in design.smoke_cells(config)]
+    if not done.issuperset(smoke):
+        return f"phase 1: smoke ({len(done.intersection(smoke))} of {len(smoke)})"
+    for source in config.sources:
+        slab = [c.id for c in design.slab_cells(config, source)]
+        if not done.issuperset(slab):
+            return f"phase 2: slab {source} ({len(done.intersection(slab))} of {len(slab)})"
+    return "phase 3: multi-seed" if len(done) < make_plan(config).distinct_cells else "phase 4: aggregation"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class ScreenProgress:
+    """A screen's progress read from its store while something else runs it: phase, cells finished of the plan's
+    distinct cells, elapsed, and time left (the cells left at the pace of those finished since this started).
+
+    On a terminal, a rich bar redrawn in place; otherwise (a pipe, a log file) one plain line whenever the phase
+    or the count changes, and at least every `heartbeat_s`. The first line is printed at once."""
+
+    def __init__(self, config: ScreenConfig, console, label: str, poll_s: float = 2.0, heartbeat_s: float = 60.0):
+        self.config, self.console, self.label = config, console, label
+        self.store = ResultStore.for_config(config)
+        self.total = make_plan(config).distinct_cells
+        self.poll_s, self.heartbeat_s = poll_s, heartbeat_s
+        self.live = console.is_terminal
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.started = time.monotonic()
+        self.first: tuple[float, int] | None = None  # (when, count) at the first cell finished here
+        self.last: tuple[float, int] = (self.started, -1)
+        self.bar = None
+        self.printed, self.said = 0.0, [""]
+
+    def _eta(self, now: float, done: int) -> str:
+        if done >= self.total:
+            return "0s"
+        if self.first is None or done - self.first[1] < 1:
+            return "? (measured from 2 cells)"
+        pace = (self.last[0] - self.first[0]) / max(1, self.last[1] - self.first[1])
+        return "~" + _duration(pace * (self.total - done))
+
+    def state(self) -> tuple[str, int, str]:
+        """(phase, cells done, time left), and the pace is updated."""
+        ids = finished_ids(self.store)
+        done, now = min(self.total, len(ids)), time.monotonic()
+        if done != self.last[1]:
+            if self.last[1] >= 0 and self.first is None:
+                self.first = (now, done)
+            self.last = (now, done)
+        return screen_phase(self.config, self.store, ids), done, self._eta(now, done)
+
+    def line(self) -> str:
+        phase, done, eta = self.state()
+        return f"{self.label}: {phase} | {done}/{self.total} cells | {_duration(time.monotonic() - self.started)} " \
+               f"elapsed | time left {eta}"
+
+    def _say(self, force: bool = False) -> None:
+        """A plain line when the phase or the count changed since the last one, or the heartbeat is due."""
+        text = self.line()
+        head = text.split(" | ", 2)[:2]
+        if force or head != self.said or time.monotonic() - self.printed >= self.heartbeat_s:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            self.printed, self.said = time.monotonic(), head
 
     def _poll(self) -> None:
-        while not self.halt.is_set():
-            self.bar.update(self.task, completed=min(self.total, finished_count(self.config)))
-            self.halt.wait(1.0)
+        while not self.halt.wait(self.poll_s):
+            try:
+                if self.live:
+                    phase, done, eta = self.state()
+                    self.bar.update(self.task, completed=done, phase=phase, eta=eta)
+                else:
+                    self._say()
+            except Exception as exc:  # a store read that fails now and then must not stop the screen
+                self.console.print(f"(progress not read: {type(exc).__name__}: {exc})", markup=False)
 
     def __enter__(self):
-        self.bar.start()
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(f"{self.label} {{task.fields[phase]}}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("cells"), TimeElapsedColumn(), TextColumn("time left {task.fields[eta]}"),
+                                console=self.console, transient=False)
+            phase, done, eta = self.state()
+            self.task = self.bar.add_task(self.label, total=self.total, completed=done, phase=phase, eta=eta)
+            self.bar.start()
+        else:
+            self._say(force=True)
         self.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.halt.set()
         self.thread.join()
-        self.bar.update(self.task, completed=min(self.total, finished_count(self.config)))
-        self.bar.stop()
+        if self.live:
+            phase, done, eta = self.state()
+            self.bar.update(self.task, completed=done, phase=phase, eta=eta)
+            self.bar.stop()
+        else:
+            self._say()
 
 
 def run_screen_here(config: ScreenConfig, console):
-    """The screen flow in this process (finished cells are read from the store); returns its final state."""
-    from flows.screen import screen
+    """The screen flow in this process (finished cells are read from the store), its progress shown from the
+    first second (Prefect's import and temporary server take several); returns the flow's final state."""
+    with ScreenProgress(config, console, f"screen {config.name}"):
+        from flows.screen import screen  # imports Prefect
 
-    with StoreProgress(config, console, f"screen {config.name}"):
-        return screen.with_options(on_running=[record_owner])(config, return_state=True)
+        return screen(config, return_state=True)
 
 
 def submit_screen(config: ScreenConfig, console, watch: bool = True):
@@ -363,7 +455,7 @@ def submit_screen(config: ScreenConfig, console, watch: bool = True):
     console.print(f"submitted {SCREEN_DEPLOYMENT} run {run.name} ({run.id})" + (f": {url}" if url else ""))
     if not watch:
         return run.state
-    with get_client(sync_client=True) as client, StoreProgress(config, console, f"screen {config.name}"):
+    with get_client(sync_client=True) as client, ScreenProgress(config, console, f"screen {config.name}"):
         try:
             while not (state := client.read_flow_run(run.id).state).is_final():
                 time.sleep(2)
@@ -453,19 +545,46 @@ def retry(store_root: str | Path, name: str, console, *, force: bool = False, su
     return 0 if state.is_completed() else (3 if state.name == "Killed" else 1)
 
 
+def aggregate_here(config: ScreenConfig) -> tuple[dict, Any]:
+    """Aggregate the screen's stored cells in this process, without Prefect: (the summary the `aggregate` flow
+    returns, the AggregateResult or None when no cell is finished). The flow adds its artifacts to this."""
+    from eps_screen.aggregate import aggregate as aggregate_results
+    from eps_screen.plan import expected_cells
+
+    store = ResultStore.for_config(config)
+    expected = expected_cells(config, store)
+    answers = store.load_answers(config, expected)
+    if answers is None:
+        return {"report": None, "partial": True, "cells": 0}, None
+    result = aggregate_results(config, answers, [c.id for c in expected], store.report_dir, {"gates": store.gates()})
+    for gate in result.metrics.gates:
+        store.save_gate(gate.model_dump(mode="json"))
+    store.push_report()
+    summary = {"report": str(result.paths["clean_result.html"]), "partial": result.partial,
+               "cells": answers["cell_id"].n_unique(), "fired": [g.name for g in result.fired]}
+    return summary, result
+
+
 def report(store_root: str | Path, name: str, console) -> int:
-    """Re-aggregate one screen now, whatever its state (partial screens give a partial report)."""
+    """Re-aggregate one screen now, whatever its state (partial screens give a partial report).
+
+    As a run of the `aggregate` flow (its summary and link artifacts in the UI) when a Prefect API answers;
+    otherwise here, without Prefect: the store is all it reads, so no temporary server is started for it."""
     from rich.table import Table
 
-    from flows.aggregate import aggregate
-
     config = load_screen(store_root, name)
+    with_prefect = bool(api_url()) and api_problem(required=True) is None
     with console.status(f"aggregating {name} ({finished_count(config)} finished cells)"):
-        state = aggregate(config, return_state=True)
-    if not state.is_completed():
-        console.print(f"[red]error[/]: aggregate ended {state.name}: {state.message}")
-        return 1
-    result = state.result()
+        if with_prefect:
+            from flows.aggregate import aggregate
+
+            state = aggregate(config, return_state=True)
+            if not state.is_completed():
+                console.print(f"[red]error[/]: aggregate ended {state.name}: {state.message}")
+                return 1
+            result = state.result()
+        else:
+            result, _ = aggregate_here(config)
     if result["report"] is None:
         console.print(f"screen {name}: no finished cells yet, nothing to aggregate")
         return 1

@@ -23,6 +23,7 @@ from eps_screen.plan import make_plan, multiseed_pick
 from eps_screen.provenance import provenance
 from eps_screen.store import ResultStore
 from flows.aggregate import aggregate
+from flows.ops import record_owner
 from tasks.cells import artifact_key, cell_summary, cell_task, pre_screen_task, regime_task
 
 KILLED = "Killed"
@@ -146,7 +147,7 @@ def killed(outcome: gates.GateOutcome):
     return Failed(name=KILLED, message=f"kill criterion {outcome.number} ({outcome.name}): {outcome.reason}")
 
 
-@flow(name="screen")
+@flow(name="screen", on_running=[record_owner])  # `host:pid`, however it started (CLI or worker)
 def screen(config: ScreenConfig) -> dict:
     try:
         with cell_processes(config) as pool:

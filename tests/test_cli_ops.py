@@ -191,3 +191,47 @@ def test_retry_recomputes_only_the_unfinished_cells_then_reports(screen_store, c
     assert main(["report", "ops", "--store", str(store)]) == 0
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1] == str(report) and "ops: 114 cells" in out
+
+
+# --- a dead screen run is told apart by its host and pid (issue 11, item 5) ----------------------------------------
+def test_every_screen_run_records_its_host_and_pid(screen_store):
+    """However it started (this CLI, or a pool worker that records only a bare pid), the run names host:pid."""
+    from prefect.client.orchestration import get_client
+
+    from flows.ops import owner_tag, screen_runs
+
+    with get_client(sync_client=True) as client:
+        runs = screen_runs(client, "ops")
+    assert runs and all(r.infrastructure_pid == owner_tag() for r in runs)  # the fixture called the flow directly
+
+
+def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running
+
+    import flows.ops as ops
+    from flows.cli import main
+    from flows.ops import load_screen
+    from flows.screen import screen
+
+    store, _ = screen_store
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(child.stdout)  # a process of this host that has exited
+    config = load_screen(store, "ops")
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(screen, parameters={"config": config.model_dump(mode="json")}, state=Running())
+        client.update_flow_run(run.id, infrastructure_pid=f"{socket.gethostname()}:{dead_pid}")
+    assert main(["status", "ops", "--store", str(store), "--cells", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "Running" in out and "[process gone]" in out and "not on this host" not in out
+
+    monkeypatch.setattr(ops, "run_screen_here", lambda config, console: Completed())  # only the marking matters here
+    assert main(["retry", "ops", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert f"({run.id}) Crashed: its process is gone" in out and "--force" not in out
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(run.id).state.type.value == "CRASHED"

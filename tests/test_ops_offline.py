@@ -1,0 +1,109 @@
+"""`status` and `report` on a local store without any Prefect server, and `run`'s live progress.
+
+No Prefect harness here: a temporary server that starts fails the test. The store is a simulated tiny.yaml
+screen written straight through the pipeline (the pre-screen and 96 slab cells, about a second).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tiny_config
+
+SIMULATED = {"generation": "simulated", "training": "simulated"}
+
+
+def simulated_tiny(store: Path):
+    return tiny_config(store, name="offline", backend=SIMULATED, bootstrap={"resamples": 200})
+
+
+@pytest.fixture(scope="module")
+def offline_store(tmp_path_factory):
+    from eps_screen import design, pipeline
+    from eps_screen.store import ResultStore
+
+    root = tmp_path_factory.mktemp("offline-store")
+    config = simulated_tiny(root)
+    store = ResultStore.for_config(config)
+    store.save_screen({"config": config.model_dump(mode="json"), "provenance": {}})
+    pipeline.pre_screen(config, store)
+    for cell in design.all_slab_cells(config):
+        pipeline.run_cell(config, cell, store)
+    return root
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """Starting Prefect's temporary server is an error."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a temporary Prefect server was started")
+
+    monkeypatch.setattr(SubprocessASGIServer, "start", refuse)
+
+
+@pytest.mark.parametrize("api", [None, "http://127.0.0.1:9/api"], ids=["no-api-url", "api-url-nowhere"])
+def test_status_and_report_need_no_server(offline_store, no_server, api, capsys):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.cli import main
+
+    settings = {"updates": {PREFECT_API_URL: api}} if api else {"restore_defaults": {PREFECT_API_URL}}
+    with temporary_settings(**settings):
+        started = time.monotonic()
+        assert main(["status", "offline", "--store", str(offline_store), "--cells", "none"]) == 0
+        status_s = time.monotonic() - started
+        out = capsys.readouterr().out
+        assert "slab librarian" in out and "all distinct" in out
+        assert ("not set" if api is None else "not reachable") in out
+
+        started = time.monotonic()
+        assert main(["report", "offline", "--store", str(offline_store)]) == 0
+        report_s = time.monotonic() - started
+    out = capsys.readouterr().out
+    report = offline_store / "offline" / "report" / "clean_result.html"
+    assert out.strip().splitlines()[-1] == str(report) and report.is_file()
+    assert "offline: 96 cells (partial)" in out
+    assert status_s < 5 and report_s < 15, (status_s, report_s)  # a temporary server alone took 16 s
+
+
+def progress_output(tmp_path: Path, terminal: bool) -> str:
+    from rich.console import Console
+
+    from eps_screen import design, pipeline
+    from eps_screen.store import ResultStore
+    from flows.ops import ScreenProgress
+
+    config = simulated_tiny(tmp_path)
+    store = ResultStore.for_config(config)
+    text = io.StringIO()
+    console = Console(file=text, force_terminal=terminal, width=160)
+    with ScreenProgress(config, console, "screen offline", poll_s=0.02):
+        time.sleep(0.1)
+        pipeline.pre_screen(config, store)
+        time.sleep(0.1)
+        for cell in design.smoke_cells(config):
+            pipeline.run_cell(config, cell, store)
+            time.sleep(0.05)
+        time.sleep(0.1)
+    return text.getvalue()
+
+
+def test_progress_plain_lines_when_not_a_terminal(tmp_path):
+    lines = progress_output(tmp_path, terminal=False).splitlines()
+    assert "\x1b" not in "".join(lines)  # no cursor movement or colour in a pipe
+    assert lines[0].startswith("screen offline: phase 0: pre-screen") and "| 0/114 cells |" in lines[0]
+    assert any("phase 1: smoke (" in line for line in lines)
+    assert "phase 2: slab librarian (8 of 32) | 8/114 cells" in lines[-1]
+    assert "time left ~" in lines[-1]  # the pace of the cells finished here gives the time left
+    assert len(lines) <= 2 + 1 + 8 + 1  # a line per change, not per poll
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+    out = progress_output(tmp_path, terminal=True)
+    assert "\x1b" in out and "8/114" in out and "phase 2: slab librarian" in out
