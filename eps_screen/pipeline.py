@@ -47,6 +47,10 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, tra
 
         texts = jsonl_answers(config, regime, requests)
         source = f"jsonl:{config.off_policy.path}"
+    elif regime.off_policy and config.off_policy.hosted:
+        from eps_screen.offpolicy import hosted_answers
+
+        texts, source = hosted_answers(config, regime, requests, store, _train_params(config, regime.seed, 1))
     else:
         model_ref = config.off_policy.model if regime.off_policy else config.model.base
         # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
