@@ -87,11 +87,12 @@ def test_second_model_answers_through_regime_answers(tmp_path):
     assert json.loads((store.regime_dir(config, off) / "meta.json").read_text())["answers_from"] == "model:tiny-alt"
     assert json.loads((store.regime_dir(config, on) / "meta.json").read_text())["answers_from"] == "model:tiny"
 
-    # The same prompts, greedy, straight through each model: the stored answers are that model's answers.
-    requests = data.regime_requests(config, off)
-    prompts = [data.request_prompt(config, off, r) for r in requests for _ in range(r.samples)]
+    # Each regime's own prompts (on and off draw their negatives apart), greedy, straight through each model: the
+    # stored answers are that model's answers.
     params = pipeline._train_params(config, off.seed, 1)
-    for model, answers in (("tiny-alt", off_answers), ("tiny", on_answers)):
+    for model, regime, answers in (("tiny-alt", off, off_answers), ("tiny", on, on_answers)):
+        prompts = [data.request_prompt(config, regime, r) for r in data.regime_requests(config, regime)
+                   for _ in range(r.samples)]
         direct = TransformersGenerator(load_base(model, "float32"), batch_size=16).generate(prompts, params)
         assert [a["answer"] for a in answers] == [d[0] for d in direct]
     assert [a["answer"] for a in off_answers] != [a["answer"] for a in on_answers], "two models, two answer sets"
