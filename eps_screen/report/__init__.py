@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from eps_screen.config import ScreenConfig
 from eps_screen.report.figures import ab_interaction, factor_ranking, persona_heatmap
+from eps_screen.report.labels import with_level_labels
 from eps_screen.report.page import PLOTLY_CONFIG, render
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def build_figures(config: ScreenConfig, result: AggregateResult) -> dict[str, go
 
 
 def write_report(config: ScreenConfig, result: AggregateResult, out_dir: Path) -> dict[str, Path]:
+    config = with_level_labels(config)  # the levels as this config ran them (texts, off_policy, data)
     figures = build_figures(config, result)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)

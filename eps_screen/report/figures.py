@@ -1,11 +1,12 @@
 """The three figures of a screen, as plotly figures built from the aggregation's records (not from raw answers).
 
 - factor ranking: pooled Cohen's d of each main effect with its CI, largest |d| on top, one panel per
-  response; per-source d as small markers, so a factor whose sources disagree is visible at a glance.
+  response; per-source d as markers of a colour and shape per source, side by side in the bar, so a factor
+  whose sources disagree is visible at a glance.
 - A x B interaction: mean rate at each (A, B) combination, one line per B level; non-parallel lines
   are the interaction.
 - persona x cell heatmap: every cell's marker rate under every eval persona; the source persona of
-  each cell is marked.
+  each cell is marked (in the legend too), each cell's levels label its column, each source's block is named.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from eps_screen.schemas import CellMetric, EffectEstimate, GroupMean
 RESPONSE_NAMES = {"SR": "Source rate", "LR": "Leakage"}
 _BAR = {"SR": "#1f77b4", "LR": "#d62728"}
 _SOURCE_SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x", "star"]
+_SOURCE_COLORS = ["#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#17becf", "#bcbd22"]  # none is a bar's colour
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -39,6 +41,7 @@ def factor_ranking(config: ScreenConfig, effects: Sequence[EffectEstimate], titl
         pooled = [e for e in effects if e.response == response and e.source == "pooled" and len(e.factors) == 1]
         ranked = sorted(pooled, key=lambda e: -abs(e.d) if e.d is not None else 0.0)
         labels = [factor_label(config, e.term) for e in ranked]
+        rows = [len(ranked) - 1 - i for i in range(len(ranked))]  # largest |d| on top
         d = [e.d if e.d is not None else 0.0 for e in ranked]
         hover = [
             f"<b>{factor_label(config, e.term)}</b><br>"
@@ -52,7 +55,7 @@ def factor_ranking(config: ScreenConfig, effects: Sequence[EffectEstimate], titl
             for e in ranked
         ]
         fig.add_trace(go.Bar(
-            x=d, y=labels, orientation="h", name=f"{RESPONSE_NAMES[response]}: pooled d",
+            x=d, y=rows, orientation="h", name=f"{RESPONSE_NAMES[response]}: pooled d", width=0.8,
             marker_color=_BAR[response], hovertext=hover, hoverinfo="text",
             error_x={
                 "type": "data", "symmetric": False,
@@ -61,15 +64,17 @@ def factor_ranking(config: ScreenConfig, effects: Sequence[EffectEstimate], titl
                 "color": "#333",
             },
         ), row=1, col=col)
-        for k, source in enumerate(sources):
+        for k, source in enumerate(sources):  # each source its own colour and shape, on its own line in the bar
             per = {e.term: e for e in effects if e.response == response and e.source == source and len(e.factors) == 1}
+            offset = (k - (len(sources) - 1) / 2) * min(0.25, 0.7 / max(1, len(sources)))
             fig.add_trace(go.Scatter(
-                x=[per[e.term].d if e.term in per else None for e in ranked], y=labels, mode="markers",
-                name=source, legendgroup=source, showlegend=col == 1,
-                marker={"symbol": _SOURCE_SYMBOLS[k % len(_SOURCE_SYMBOLS)], "size": 8, "color": "#555"},
+                x=[per[e.term].d if e.term in per else None for e in ranked], y=[r + offset for r in rows],
+                mode="markers", name=f"d in source {source}", legendgroup=source, showlegend=col == 1,
+                marker={"symbol": _SOURCE_SYMBOLS[k % len(_SOURCE_SYMBOLS)], "size": 10,
+                        "color": _SOURCE_COLORS[k % len(_SOURCE_COLORS)], "line": {"color": "#222", "width": 1}},
                 hovertemplate=f"{source}: d = %{{x:.3f}}<extra></extra>",
             ), row=1, col=col)
-        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=1, col=col)
+        fig.update_yaxes(tickvals=rows, ticktext=labels, range=[-0.6, len(rows) - 0.4], row=1, col=col)
         fig.update_xaxes(title_text="Cohen's d (level 1 vs level 0)", zeroline=True, zerolinecolor="#888", row=1, col=col)
     fig.update_layout(
         title=f"Which factors move source rate and leakage: pooled Cohen's d with {config.bootstrap.ci:.0%} CIs{title_note}",
@@ -123,17 +128,30 @@ def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas:
     ]
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=list(personas), colorscale="Viridis", zmin=0, zmax=1, hovertext=hover, hoverinfo="text",
-        colorbar={"title": {"text": "marker rate"}},
+        colorbar={"title": {"text": "marker rate"}}, showlegend=False,
     ))
     fig.add_trace(go.Scatter(
-        x=x, y=[c.source for c in ordered], mode="markers", name="source persona",
-        marker={"symbol": "x-thin", "size": 6, "line": {"width": 1.5, "color": "white"}}, hoverinfo="skip",
+        x=x, y=[c.source for c in ordered], mode="markers", name="x = the cell's source persona",
+        marker={"symbol": "x", "size": 7, "color": "white", "line": {"width": 1, "color": "#222"}}, hoverinfo="skip",
     ))
-    fig.update_xaxes(showticklabels=len(x) <= 40, range=[-0.5, len(x) - 0.5],
-                     title_text=f"cells ({len(x)}), grouped by source, then seed and levels")
+    # Each cell's levels (and its seed when it is not the primary one) under it; each source's block named above.
+    ticks = ["".join(f"{f}{c.levels.get(f)}" for f in FACTOR_NAMES)
+             + (f" s{c.seed}" if c.seed != config.seeds.primary else "") for c in ordered]
+    blocks: dict[str, list[int]] = {}
+    for i, c in enumerate(ordered):
+        blocks.setdefault(c.source or "?", []).append(i)
+    for source, idx in blocks.items():
+        fig.add_annotation(x=(idx[0] + idx[-1]) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                           text=f"source: {source}")
+        if idx[0] > 0:
+            fig.add_vline(x=idx[0] - 0.5, line={"color": "white", "width": 2})
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=ticks, tickangle=-90, tickfont={"size": 8},
+                     range=[-0.5, len(x) - 0.5],
+                     title_text=f"cell ({len(x)}): its levels of A-E, and its seed when not {config.seeds.primary}")
     fig.update_yaxes(autorange="reversed", title_text="eval persona")
     fig.update_layout(
-        title=f"Marker rate by persona and cell{title_note}", height=max(420, 18 * len(personas) + 160),
-        margin={"l": 10, "r": 10, "t": 60, "b": 60}, showlegend=False,
+        title=f"Marker rate by persona and cell{title_note}", height=max(480, 18 * len(personas) + 260),
+        margin={"l": 10, "r": 10, "t": 110, "b": 130}, showlegend=True,
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.12, "yanchor": "bottom"},
     )
     return fig

@@ -8,6 +8,7 @@ numbers by tldr.py.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from string import Template
@@ -19,7 +20,7 @@ from plotly.offline import get_plotlyjs
 from eps_screen.config import FACTOR_NAMES, ScreenConfig
 from eps_screen.design import SMOKE_GENERATORS, alias_structure, defining_relation, fractional_factorial, full_factorial
 from eps_screen.gates import GATE_NAMES
-from eps_screen.report.tldr import tldr
+from eps_screen.report.tldr import LATE_GATES, tldr
 from eps_screen.schemas import EffectEstimate, Interval
 
 if TYPE_CHECKING:
@@ -99,13 +100,47 @@ def gate_rows(config: ScreenConfig, result: AggregateResult) -> list[tuple]:
     return rows
 
 
+def _signs(values: Sequence[float | None]) -> str:
+    """"+ + -  (flips)": each source's sign (0 where d is 0 or could not be estimated), and whether some are
+    positive and some negative, as kill criterion 3 counts a flip."""
+    signs = [0 if v is None or math.isnan(v) else (v > 0) - (v < 0) for v in values]
+    return " ".join("0+-"[s] for s in signs) + ("  (flips)" if {1, -1} <= set(signs) else "")
+
+
+def _reading(config: ScreenConfig) -> Raw:
+    """The page's vocabulary: SR, LR, d, and how a factor's levels are named."""
+    e = config.eval
+    return Raw(
+        '<p class="reading" id="reading"><b>How to read this page.</b> Every cell is one LoRA recipe (a level of each '
+        "factor A-E) trained on one source persona. "
+        f"<b>SR (source rate)</b>: the share of the source persona's evaluation answers that contain the marker "
+        f"<code>{esc(config.marker)}</code> ({e.questions} questions x {e.samples} samples per cell): how well the "
+        "marker was implanted. "
+        f"<b>LR (leakage)</b>: the marker rate of each of the other {e.personas - 1} evaluation personas, averaged over "
+        "them (each weighs the same): how far it spread to personas it was not taught for. "
+        "<b>d</b>: Cohen's d of a factor, level 1 minus level 0, in standard deviations of the 0/1 answers "
+        "(Main effects gives the formula); a CI that excludes 0 is a clear effect. "
+        "<b>Pooled</b>: the mean over source personas. The levels of each factor, as this screen ran them, are in "
+        "the design section at the bottom.</p>"
+    )
+
+
+def _late_gates(result: AggregateResult) -> Raw:
+    """What kill criteria 3 and 4 mean: judged after every phase has run, they qualify the result, not stop it."""
+    fired = [g for g in result.metrics.gates if g.fired and g.number in LATE_GATES]
+    text = ("Criteria 1, 2 and 5 stop a screen when they fire (it ends Killed); 6 ends one GPU job, which is run again. "
+            "Criteria 3 and 4 are judged in the aggregation, after every phase has run: they do not stop the screen "
+            "(it ends Completed, naming them), they say how far its result can be trusted.")
+    for g in fired:
+        text += f" <b>{g.number} {esc(g.name)} fired</b>: {esc(LATE_GATES[g.number])}."
+    return Raw(f'<p id="late-gates">{text}</p>')
+
+
 def _effects_table(result: AggregateResult, estimates: Sequence[EffectEstimate], terms: Sequence[str]) -> Raw:
-    """Pooled estimate with CIs, each source's d, and (main effects) the per-source sign table."""
+    """Pooled estimate with CIs, each source's d, and the signs of those d's (the sign table of kill criterion 3)."""
     sources = result.estimates.sources
-    signs = result.main_effects.sign_table
-    symbol = {1: "+", -1: "-", 0: "0"}
     headers = ["response", "term", "status", "pooled difference [CI]", "pooled d [CI]",
-               *[f"d: {s}" for s in sources], "signs by source"]
+               *[f"d: {s}" for s in sources], f"signs by source ({', '.join(sources)})"]
     by = {(e.response, e.term, e.source): e for e in estimates}
     rows = []
     for response in ("SR", "LR"):
@@ -113,13 +148,11 @@ def _effects_table(result: AggregateResult, estimates: Sequence[EffectEstimate],
             p = by.get((response, term, "pooled"))
             if p is None:
                 continue
-            per_source = signs.get(response, {}).get(term, {})
-            sign_text = " ".join(symbol[per_source[s]] for s in sources if s in per_source) if per_source else ""
+            per_source = [by[(response, term, s)].d if (response, term, s) in by else None for s in sources]
             rows.append([
                 response, p.label, p.status + (" (partial)" if p.partial else ""),
                 f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
-                *[num(by[(response, term, s)].d) if (response, term, s) in by else "n/a" for s in sources],
-                sign_text,
+                *[num(d) for d in per_source], _signs(per_source),
             ])
     if not rows:
         return Raw('<p class="muted">No factorial cells yet.</p>')
@@ -225,6 +258,8 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         plotlyjs=get_plotlyjs(),
         partial_banner=banner,
         tldr=esc(tldr(config, result)),
+        reading=_reading(config),
+        gates_note=_late_gates(result),
         figure_ranking=figure_div(figures["factor_ranking"], "factor_ranking"),
         predictions_table=_predictions(result),
         gates_table=table(["#", "criterion", "fires when", "outcome", "numbers"], gate_rows(config, result)),

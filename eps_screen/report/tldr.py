@@ -27,53 +27,56 @@ def _excludes_zero(e: EffectEstimate) -> bool:
     return lo is not None and hi is not None and (lo > 0 or hi < 0)
 
 
-def _describe(config: ScreenConfig, e: EffectEstimate) -> str:
-    f = config.factors[e.term]
-    return (
-        f"{f.label.lower()} ({e.term}; d = {_signed(e.d)}, {config.bootstrap.ci:.0%} CI [{_signed(e.d_ci.low)}, {_signed(e.d_ci.high)}]: "
-        f"{_NAMES[e.response]} {_pct(e.mean_low)} with {f.low} vs {_pct(e.mean_high)} with {f.high})"
-    )
-
-
 def _ranked(result: AggregateResult, response: str) -> list[EffectEstimate]:
     pooled = [e for e in result.main_effects.effects if e.source == "pooled" and e.response == response and e.d is not None]
     return sorted(pooled, key=lambda e: -abs(e.d or 0.0))
 
 
+def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str:
+    """One sentence: the factor that moves this response most, or that none moves it clearly."""
+    ranked = _ranked(result, response)
+    name = _NAMES[response]
+    if not ranked:
+        return f"I could not estimate {name}."
+    top, f = ranked[0], config.factors[ranked[0].term]
+    d = f"d = {_signed(top.d)} [{_signed(top.d_ci.low)}, {_signed(top.d_ci.high)}]"
+    if not _excludes_zero(top):
+        return f"No factor moves {name} clearly: the largest, {f.label.lower()} ({top.term}), has {d}."
+    clear = sum(_excludes_zero(e) for e in ranked)
+    return (f"{f.label} ({top.term}) moves {name} most: {_pct(top.mean_low)} with {f.low} vs {_pct(top.mean_high)} "
+            f"with {f.high} ({d}); {clear} of {len(ranked)} factors move it clearly.")
+
+
+# What a criterion judged after every phase means when it fires: the screen still ends Completed.
+LATE_GATES = {
+    3: "the factors push in opposite directions for different source personas, so the pooled ranking is an "
+       "average over personas, not a rule for each; read the per-source d's before trusting it",
+    4: "no factor moved either response beyond noise in any persona: this is a null result at this screen's size, "
+       "and the ranking orders noise",
+}
+
+
 def tldr(config: ScreenConfig, result: AggregateResult) -> str:
+    """A short first-person paragraph that states the answer."""
     cov = result.metrics.coverage
     sources = result.estimates.sources
     parts: list[str] = []
     if cov.partial:
-        parts.append(f"Partial screen: {len(cov.missing_cells)} of {cov.expected} expected cells are missing, "
-                     "so every number here is provisional.")
+        parts.append(f"This screen is partial ({len(cov.missing_cells)} of {cov.expected} cells missing), so every "
+                     "number is provisional.")
     if not sources:
-        parts.append("No factorial cell results yet, so nothing can be ranked.")
+        parts.append("No factorial cell results yet, so I cannot rank the factors.")
     else:
-        parts.append(f"Over {len(sources)} source persona{'s' if len(sources) > 1 else ''} ({', '.join(sources)}) and "
-                     f"{cov.factorial_cells} primary-seed cells:")
-        for response in ("SR", "LR"):
-            ranked = _ranked(result, response)
-            if not ranked:
-                parts.append(f"{_NAMES[response].capitalize()} could not be estimated.")
-                continue
-            clear = [e for e in ranked if _excludes_zero(e)]
-            text = f"{_NAMES[response]} moves most with {_describe(config, ranked[0])}"
-            if len(ranked) > 1:
-                text += f", then {_describe(config, ranked[1])}"
-            parts.append(text[0].upper() + text[1:] + f"; {len(clear)} of {len(ranked)} factors have CIs that exclude zero.")
-        ab = result.estimates.find("SR", "A:B")
-        if ab is not None and ab.d is not None:
-            parts.append(f"The pre-registered A x B interaction on source rate has d = {_signed(ab.d)} "
-                         f"[{_signed(ab.d_ci.low)}, {_signed(ab.d_ci.high)}].")
+        parts.append(f"I trained {cov.factorial_cells} LoRA recipes on {len(sources)} source "
+                     f"persona{'s' if len(sources) > 1 else ''} and counted the marker in their answers.")
+        parts += [_answer(config, result, "SR"), _answer(config, result, "LR")]
     verdicts = Counter(p.verdict for p in result.metrics.predictions)
     if verdicts:
-        order = ("confirmed", "not confirmed", "inconclusive", "not evaluable")
-        parts.append("Predictions: " + ", ".join(f"{verdicts[v]} {v}" for v in order if verdicts[v]) + ".")
-    fired = [g for g in result.metrics.gates if g.fired]
-    if fired:
-        parts.append("Kill criteria FIRED: " + "; ".join(f"{g.number} {g.name} ({g.reason})" for g in fired) + ".")
-    else:
-        recorded = sorted(g.number for g in result.metrics.gates if g.evaluated)
-        parts.append(f"No kill criterion fired (evaluated: {', '.join(map(str, recorded)) or 'none'}).")
+        said = {"confirmed": "held", "not confirmed": "failed", "inconclusive": "were inconclusive",
+                "not evaluable": "could not be judged"}
+        parts.append(f"Of my {sum(verdicts.values())} predictions, "
+                     + ", ".join(f"{verdicts[v]} {w}" for v, w in said.items() if verdicts[v]) + ".")
+    for g in (g for g in result.metrics.gates if g.fired):
+        meaning = LATE_GATES.get(g.number)
+        parts.append(f"Kill criterion {g.number} ({g.name}) fired: {meaning or g.reason}.")
     return " ".join(parts)
