@@ -331,14 +331,14 @@ def screen_phase(config: ScreenConfig, store: ResultStore, done: set[str]) -> st
     from eps_screen.pipeline import finished_pre_screen
 
     if finished_pre_screen(config, store) is None:
-        return "phase 0: pre-screen (the base model on the eval panel)"
+        return "phase 0: pre-screen"
     smoke = [c.id for c in design.smoke_cells(config)]
     if not done.issuperset(smoke):
-        return f"phase 1: smoke ({len(done.intersection(smoke))} of {len(smoke)})"
+        return f"phase 1: smoke {len(done.intersection(smoke))}/{len(smoke)}"
     for source in config.sources:
         slab = [c.id for c in design.slab_cells(config, source)]
         if not done.issuperset(slab):
-            return f"phase 2: slab {source} ({len(done.intersection(slab))} of {len(slab)})"
+            return f"phase 2: slab {source} {len(done.intersection(slab))}/{len(slab)}"
     return "phase 3: multi-seed" if len(done) < make_plan(config).distinct_cells else "phase 4: aggregation"
 
 
@@ -354,7 +354,7 @@ class ScreenProgress:
     On a terminal, a rich bar redrawn in place; otherwise (a pipe, a log file) one plain line whenever the phase
     or the count changes, and at least every `heartbeat_s`. The first line is printed at once."""
 
-    def __init__(self, config: ScreenConfig, console, label: str, poll_s: float = 2.0, heartbeat_s: float = 60.0):
+    def __init__(self, config: ScreenConfig, console, label: str, poll_s: float = 2.0, heartbeat_s: float = 30.0):
         self.config, self.console, self.label = config, console, label
         self.store = ResultStore.for_config(config)
         self.total = make_plan(config).distinct_cells
@@ -372,7 +372,7 @@ class ScreenProgress:
         if done >= self.total:
             return "0s"
         if self.first is None or done - self.first[1] < 1:
-            return "? (measured from 2 cells)"
+            return "?"
         pace = (self.last[0] - self.first[0]) / max(1, self.last[1] - self.first[1])
         return "~" + _duration(pace * (self.total - done))
 
@@ -411,10 +411,16 @@ class ScreenProgress:
                 self.console.print(f"(progress not read: {type(exc).__name__}: {exc})", markup=False)
 
     def __enter__(self):
+        from eps_screen.pipeline import finished_pre_screen
+        from eps_screen.tinymodel import is_tiny
+
+        if is_tiny(self.config.model.base) and finished_pre_screen(self.config, self.store) is None:
+            self.console.print(f"{self.label}: phase 0 runs the base model on the eval panel; a first run builds the "
+                               "tiny model before it (1-2 min)", markup=False, highlight=False, soft_wrap=True)
         if self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn(f"{self.label} {{task.fields[phase]}}"), BarColumn(), MofNCompleteColumn(),
+            self.bar = Progress(TextColumn(f"{self.label} {{task.fields[phase]}}"), BarColumn(bar_width=20), MofNCompleteColumn(),
                                 TextColumn("cells"), TimeElapsedColumn(), TextColumn("time left {task.fields[eta]}"),
                                 console=self.console, transient=False)
             phase, done, eta = self.state()
