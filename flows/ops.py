@@ -420,9 +420,9 @@ class ScreenProgress:
         if self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn(f"{self.label} {{task.fields[phase]}}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                                TextColumn("cells"), TimeElapsedColumn(), TextColumn("time left {task.fields[eta]}"),
-                                console=self.console, transient=False)
+            self.bar = Progress(TextColumn(f"{self.label} {{task.fields[phase]}}"), BarColumn(bar_width=20),
+                                MofNCompleteColumn(), TextColumn("cells"), TimeElapsedColumn(),
+                                TextColumn("time left {task.fields[eta]}"), console=self.console, transient=False)
             phase, done, eta = self.state()
             self.task = self.bar.add_task(self.label, total=self.total, completed=done, phase=phase, eta=eta)
             self.bar.start()
