@@ -13,6 +13,13 @@ The bootstrap (one set of resamples for the whole screen, drawn from config.boot
 The same draw applies to every cell of every source, because all cells answer the same questions under
 the same personas: the question and persona effects they share then move together in a resample, as
 they do between real screens, and the effects (differences between cells) get honest CIs.
+Training-run noise (config.bootstrap.training_noise): each cell is one trained adapter, and a second
+training run would give other rates. That variance is estimated per response from the residuals of the
+factorial model with the reported terms (in the full 2^5: the 16 unreported contrasts of order 3-5 of
+each source, 48 degrees of freedom over 3 sources), net of the part the cluster bootstrap already
+carries (stats.cell_noise), and every resample adds an independent draw of it to every cell's rate
+(N(0, (s * p(1-p))^2), s on the log-odds scale, shared by the sources). So effects, d's, pooled values,
+A x B means and predictions all carry question/persona sampling and training-run noise together.
 Every statistic is computed on every resample. CIs are percentile intervals widened about the estimate
 by the few-clusters factor c = sqrt(G/(G-1)) * t_{G-1}/z (stats.few_cluster_factor; G = 20 questions
 for SR, 24 personas for LR): plain percentile intervals from 20 clusters cover about 92.5% instead of 95%.
@@ -29,12 +36,15 @@ from eps_screen.cell_metrics import CellMatrices
 from eps_screen.config import FACTOR_NAMES, ScreenConfig
 from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval
 from eps_screen.stats import (
+    CellNoise,
+    cell_noise,
     cohens_d_rates,
     few_cluster_factor,
     interaction_pairs,
     level_mean_matrices,
     percentile_ci,
     resample_counts,
+    residual_projector,
     term_columns,
     term_name,
     weighted_ratio,
@@ -67,6 +77,7 @@ class ScreenEstimates:
     # (response, source, stat) -> (observed per term, resamples per term x B)
     draws: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)  # response -> few-clusters factor of its CIs
+    training: dict[str, CellNoise] = field(default_factory=dict)  # response -> training-run variance in the CIs
 
     def draws_of(self, response: str, term: str, stat: str = "d", source: str = POOLED) -> tuple[float, np.ndarray]:
         """(observed, resamples) of one statistic; NaN when it was not estimable (e.g. no answers of that kind)."""
@@ -128,12 +139,10 @@ def estimate_screen(
     }
     ci = config.bootstrap.ci
     widen = {"SR": few_cluster_factor(n_q, ci), "LR": few_cluster_factor(n_p, ci)}
-    scheme = BootstrapScheme(
-        resamples=resamples, ci=ci, seed=config.bootstrap.seed, widen=widen,
-        sr_clusters="eval questions (same draw for every cell)", lr_clusters="eval personas (same draw for every cell)",
-        n_questions=n_q, n_personas=n_p,
-    )
-    result = ScreenEstimates(sources=sources, estimates=[], ab_means=[], scheme=scheme, widen=widen)
+    n_clusters = {"SR": n_q, "LR": n_p}
+    train_rng = np.random.default_rng([config.bootstrap.seed, 1])  # its own stream: the cluster draws stay as they were
+    # the scheme names the training-run SDs, known only after the loop: set at the end
+    result = ScreenEstimates(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen)  # type: ignore[arg-type]
     coded = 2.0 * levels - 1.0
 
     for response in RESPONSES:
@@ -142,12 +151,21 @@ def estimate_screen(
             continue
         obs_all = weighted_ratio(numer, denom, np.ones((1, numer.shape[1])))[:, 0]
         boot_all = weighted_ratio(numer, denom, weights[response])
+        rows_of = {s: np.flatnonzero((src == s) & np.isfinite(obs_all)) for s in sources}
+        columns = {s: term_columns(coded[rows], FACTOR_NAMES, TERMS) for s, rows in rows_of.items()}
+        if config.bootstrap.training_noise:
+            noise = cell_noise(
+                [(residual_projector(columns[s]), obs_all[rows], boot_all[rows]) for s, rows in rows_of.items()],
+                n_clusters[response],
+            )
+            result.training[response] = noise
+            boot_all = boot_all + noise.rate_sd(obs_all)[:, None] * train_rng.standard_normal(boot_all.shape)
         per_source: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         ab: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for s in sources:
-            rows = np.flatnonzero((src == s) & np.isfinite(obs_all))
-            hi, lo, n_hi, n_lo = level_mean_matrices(term_columns(coded[rows], FACTOR_NAMES, TERMS))
+            rows = rows_of[s]
+            hi, lo, n_hi, n_lo = level_mean_matrices(columns[s])
             y, yb = obs_all[rows], boot_all[rows]
             m_hi, m_lo, mb_hi, mb_lo = hi @ y, lo @ y, hi @ yb, lo @ yb
             per_source[s] = {
@@ -174,7 +192,36 @@ def estimate_screen(
             result.estimates.extend(_records(config, response, s, stats, counts[s], partial, widen[response]))
         if sources:
             result.ab_means.extend(_ab_records(response, ab, ci, widen[response]))
+    result.scheme = BootstrapScheme(
+        resamples=resamples, ci=ci, seed=config.bootstrap.seed, widen=widen, method=_method(result.training),
+        sr_clusters="eval questions (same draw for every cell)" + _training_note(result.training.get("SR")),
+        lr_clusters="eval personas (same draw for every cell)" + _training_note(result.training.get("LR")),
+        n_questions=n_q, n_personas=n_p,
+    )
     return result
+
+
+def _training_note(noise: CellNoise | None) -> str:
+    if noise is None:
+        return ""
+    if not np.isfinite(noise.logit_sd):
+        return "; training-run noise not estimable (no residual degree of freedom), left out"
+    return f"; plus per-cell training-run noise, log-odds SD {noise.logit_sd:.3f} ({noise.df} residual df)"
+
+
+def _method(training: dict[str, CellNoise]) -> str:
+    base = "percentile, widened about the estimate by the few-clusters factor c = sqrt(G/(G-1)) t_{G-1}/z"
+    if not training:
+        return base + "; cluster bootstrap only (no training-run variance)"
+    return (
+        base + "; each resample adds independent per-cell training-run noise N(0, (s p(1-p))^2) to every cell's rate, "
+        "s (log-odds SD, shared by the sources) estimated from the residual contrasts of the factorial (order 3-5 in "
+        "the full 2^5) net of the cluster bootstrap's own variance: "
+        + ", ".join(
+            f"{r} s = {n.logit_sd:.3f} ({n.df} df)" if np.isfinite(n.logit_sd) else f"{r} not estimable (0 df), left out"
+            for r, n in training.items()
+        )
+    )
 
 
 def _records(config, response, source, stats, counts, partial, widen) -> list[EffectEstimate]:

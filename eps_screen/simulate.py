@@ -2,9 +2,9 @@
 
 The model (all effects on the log-odds of "this answer ends with the marker"):
 
-    source persona s, question q:   logit p = base_logit + sum_F effects[F]/2 * x_F + interaction_ab/2 * x_A x_B + u_q + v_s
-    other persona p, question q:    logit p = base_logit + leak_offset + sum_F leak_effects[F]/2 * x_F + u_q + v_p
-    random-control prompt r:        logit p = base_logit + leak_offset + sum_F leak_effects[F]/2 * x_F + w_r
+    source persona s, question q:   logit p = base_logit + sum_F effects[F]/2 * x_F + interaction_ab/2 * x_A x_B + u_q + v_s + e_c
+    other persona p, question q:    logit p = base_logit + leak_offset + sum_F leak_effects[F]/2 * x_F + u_q + v_p + e_c
+    random-control prompt r:        logit p = base_logit + leak_offset + sum_F leak_effects[F]/2 * x_F + w_r + e_c
 
 x_F = -1/+1 is the cell's coded level of factor F. What "planted" means exactly: effects[F] is the
 difference in log-odds between F high and F low with everything else (other factors, question,
@@ -18,6 +18,11 @@ screen from `screen_seed` (each keyed by question index or persona id, so the li
 change them): every cell sees the same questions and personas, which is what makes the answers of a
 screen clustered and the clustered bootstrap necessary. Answer draws are seeded per cell (screen_seed
 and cell id, which includes the training seed), so re-running a cell reproduces its answers.
+
+e_c ~ N(0, cell_sd^2) is the training-run noise: what a second training run of the same cell would
+change. One draw per cell id (screen_seed and cell id, so another training seed of the same factor
+levels gets another draw), shared by every persona and control prompt of that cell, since it is one
+adapter that came out stronger or weaker. cell_sd = 0 (the default) leaves every answer as before.
 
 The statistics estimate on the rate scale, not the logit scale. `expected_rates` gives each cell's
 true source rate and leakage under this model (by Gauss-Hermite quadrature, no sampling), and the true
@@ -40,7 +45,7 @@ from eps_screen.panels import load_panels
 from eps_screen.scoring import ANSWER_SCHEMA  # the answers-table contract, defined once
 
 # Sub-streams of one screen seed, so question, persona and control effects are independent of each other.
-_QUESTION, _PERSONA, _CONTROL, _BASE = 1, 2, 3, 4
+_QUESTION, _PERSONA, _CONTROL, _BASE, _CELL = 1, 2, 3, 4, 5
 
 
 def _key(text: str) -> int:
@@ -64,6 +69,13 @@ def control_effects(sim: SimulationConfig, n_random: int, screen_seed: int = 0) 
 def persona_effects(sim: SimulationConfig, personas: Sequence[str], screen_seed: int = 0) -> np.ndarray:
     unit = [np.random.default_rng([screen_seed, _PERSONA, _key(p)]).standard_normal() for p in personas]
     return sim.persona_sd * np.array(unit)
+
+
+def cell_effect(sim: SimulationConfig, cell: Cell, screen_seed: int = 0) -> float:
+    """The training-run noise e_c of this cell (log-odds); 0 when cell_sd is 0."""
+    if sim.cell_sd == 0:
+        return 0.0
+    return sim.cell_sd * float(np.random.default_rng([screen_seed, _CELL, _key(cell.id)]).standard_normal())
 
 
 def coded_levels(cell: Cell) -> dict[str, int]:
@@ -142,9 +154,10 @@ def simulate_cell_answers(
     u = question_effects(sim, n_questions, screen_seed)
     v = persona_effects(sim, personas, screen_seed)
     is_source = np.array([p == cell.source for p in personas])
-    fixed = np.where(is_source, source_logit(sim, cell), leak_logit(sim, cell))
+    e = cell_effect(sim, cell, screen_seed)
+    fixed = np.where(is_source, source_logit(sim, cell), leak_logit(sim, cell)) + e
     p_persona = _sigmoid(fixed[:, None] + v[:, None] + u[None, :])
-    p_random = _sigmoid(leak_logit(sim, cell) + control_effects(sim, n_random, screen_seed))
+    p_random = _sigmoid(leak_logit(sim, cell) + e + control_effects(sim, n_random, screen_seed))
     rng = np.random.default_rng([screen_seed, _key(cell.id)])
     levels = dict(zip(FACTOR_NAMES, cell.levels, strict=True))
     return _answers(cell.id, cell.source, cell.seed, levels, personas, p_persona, p_random, n_samples, rng)
@@ -204,11 +217,15 @@ def expected_rates(
 ) -> pl.DataFrame:
     """Each cell's true source rate (SR) and leakage (LR): the values the screen's estimators target.
 
-    The estimand follows the bootstrap's sampling unit (SPEC: questions for SR, personas for LR):
-    - SR = E_u[p] over the *population* of questions (u ~ N(0, question_sd^2)), for this source's own
-      drawn persona effect v_s (the source is a fixed persona, not a sample).
-    - LR = E_v[mean over the n_questions drawn questions of p] over the *population* of personas
-      (v ~ N(0, persona_sd^2)), on these eval questions (held fixed, as the persona bootstrap does).
+    The estimand follows what the CIs resample (SPEC: questions for SR, personas for LR) and, for
+    both, the training run: every rate is averaged over the population of training runs
+    (e_c ~ N(0, cell_sd^2)), since the CIs are meant to cover what a second training run would change.
+    - SR = E_{u,e}[p] over the *population* of questions (u ~ N(0, question_sd^2)), for this source's
+      own drawn persona effect v_s (the source is a fixed persona, not a sample).
+    - LR = E_{v,e}[mean over the n_questions drawn questions of p] over the *population* of personas
+      (v ~ N(0, persona_sd^2)). It IS conditional on the drawn eval questions: the leakage CI resamples
+      personas (and training runs), not questions, so it does not claim to cover question variability,
+      and its target holds the questions fixed, as the persona bootstrap does.
     Effects and Cohen's d of these rates (stats.py applied to this table) are the planted values on
     the scale the aggregation reports, to be compared with its estimates and CIs.
     """
@@ -217,8 +234,8 @@ def expected_rates(
     v = dict(zip(personas, persona_effects(sim, personas, screen_seed), strict=True))
     rows = []
     for c in cells:
-        sr = float(_mean_sigmoid(source_logit(sim, c) + v[c.source], sim.question_sd))
-        lr = float(_mean_sigmoid(leak_logit(sim, c) + u, sim.persona_sd).mean())
+        sr = float(_mean_sigmoid(source_logit(sim, c) + v[c.source], np.hypot(sim.question_sd, sim.cell_sd)))
+        lr = float(_mean_sigmoid(leak_logit(sim, c) + u, np.hypot(sim.persona_sd, sim.cell_sd)).mean())
         rows.append({**c.as_dict(), "SR": sr, "LR": lr})
     return pl.DataFrame(rows)
 

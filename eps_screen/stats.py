@@ -262,6 +262,75 @@ def percentile_ci(
     return lo, hi
 
 
+# --------------------------------------------------------------------------- training-run (per-cell) variance
+
+
+def residual_projector(columns: np.ndarray) -> np.ndarray:
+    """(runs x runs) I - X X^+, X = [1, columns]: what is left of a response after the modelled terms.
+
+    In a full 2^5 with the 15 reported terms (5 main effects, 10 two-factor interactions) the residual
+    space is spanned by the 16 contrasts of order 3 to 5, which the screen does not report; with cells
+    missing it is whatever least squares leaves (rank-deficient designs handled by the pseudo-inverse).
+    """
+    x = np.column_stack([np.ones(columns.shape[0]), columns])
+    return np.eye(x.shape[0]) - x @ np.linalg.pinv(x)
+
+
+@dataclass(frozen=True)
+class CellNoise:
+    """A per-cell variance component on the log-odds scale, estimated from residual contrasts.
+
+    logit_sd: the SD of the per-cell log-odds shift (0 when the residuals are no larger than the sampling
+    noise the cluster bootstrap already carries; NaN when there is no residual degree of freedom).
+    df: residual degrees of freedom it rests on; residual_ss and sampling_ss: the observed residual sum of
+    squares and the part of it the cluster bootstrap attributes to resampled answers.
+    """
+
+    logit_sd: float
+    df: int
+    residual_ss: float
+    sampling_ss: float
+
+    def rate_sd(self, rates: np.ndarray) -> np.ndarray:
+        """Per-cell SD on the rate scale: logit_sd * p(1 - p) (delta method); 0 where not estimable."""
+        sd = self.logit_sd if np.isfinite(self.logit_sd) else 0.0
+        p = np.asarray(rates, dtype=float)
+        return np.nan_to_num(sd * p * (1 - p))
+
+
+def cell_noise(groups: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], clusters: int) -> CellNoise:
+    """Method-of-moments estimate of the training-run variance, net of the cluster bootstrap's own variance.
+
+    groups: per source, (R, y, y_boot): R = residual_projector of its cells' reported-term columns, y the
+    observed cell rates, y_boot (cells x resamples) the rates under the cluster bootstrap. The model: each
+    cell's rate carries, besides the answer sampling the bootstrap resamples, an independent shift
+    e_c * p_c(1 - p_c) with e_c ~ N(0, s^2) on the log-odds scale (one training run). Then
+
+        E ||R y||^2 = s^2 * sum_c R_cc (p_c(1-p_c))^2 + tr(R Cov_sampling R) + ||R truth||^2
+
+    The sampling term is estimated by the bootstrap's covariance (times G/(G-1): the bootstrap variance of
+    G clusters is (G-1)/G of the truth); the last term (true contrasts of order 3-5, which a logit-additive
+    model makes small on the rate scale) is assumed 0 and would only make s larger (conservative).
+    s^2 = max(0, sum over groups of (||R y||^2 - sampling)) / sum of the scale terms; sources share s.
+    """
+    rss = sampling = scale = 0.0
+    df = 0
+    for r, y, yb in groups:
+        rank = int(round(np.trace(r)))
+        if rank <= 0:
+            continue
+        df += rank
+        rss += float(y @ r @ y)
+        dev = yb - np.nanmean(yb, axis=1, keepdims=True)
+        dev = np.nan_to_num(dev)
+        inflate = clusters / (clusters - 1) if clusters > 1 else 1.0
+        sampling += float(np.einsum("cb,cb->", dev, r @ dev)) / dev.shape[1] * inflate
+        scale += float(np.diag(r) @ (y * (1 - y)) ** 2)
+    if df == 0 or scale <= 0:
+        return CellNoise(logit_sd=float("nan"), df=df, residual_ss=rss, sampling_ss=sampling)
+    return CellNoise(logit_sd=float(np.sqrt(max(0.0, rss - sampling) / scale)), df=df, residual_ss=rss, sampling_ss=sampling)
+
+
 # --------------------------------------------------------------------------- sign agreement across sources
 
 

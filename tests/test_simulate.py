@@ -14,6 +14,7 @@ from eps_screen.panels import load_panels
 from eps_screen.scoring import ANSWER_SCHEMA
 from eps_screen.simulate import (
     _mean_sigmoid,
+    cell_effect,
     expected_rates,
     leak_logit,
     simulate_base_answers,
@@ -149,6 +150,38 @@ def test_true_effects_have_the_planted_signs():
     for f, v in planted.leak_effects.items():
         effect = truth[("LR", "pooled", f)]["effect"]
         assert np.sign(effect) == np.sign(v) if v else effect == pytest.approx(0.0, abs=1e-12)
+
+
+def test_training_noise_is_one_shift_per_adapter():
+    """cell_sd: one log-odds shift per cell id, shared by every persona and control prompt of that adapter."""
+    source = CONFIG.sources[0]
+    noisy = ScreenConfig(simulation={"cell_sd": 0.7})
+    cell = Cell(source, (1, 0, 1, 0, 0), 42)
+    e = cell_effect(noisy.simulation, cell, 5)
+    assert e != 0 and e == cell_effect(noisy.simulation, cell, 5)
+    assert cell_effect(noisy.simulation, Cell(source, cell.levels, 137), 5) != e  # another training seed, another run
+    assert cell_effect(CONFIG.simulation, cell, 5) == 0.0  # the default plants none
+    # the answers equal those of a noise-free simulator whose base log-odds is shifted by e (same answer draws)
+    shifted = ScreenConfig(simulation={"base_logit": CONFIG.simulation.base_logit + e})
+    with_noise = simulate_cell_answers(noisy, cell, PERSONAS, 6, 3, 4, screen_seed=5)
+    assert with_noise.equals(simulate_cell_answers(shifted, cell, PERSONAS, 6, 3, 4, screen_seed=5))
+
+
+def test_truth_averages_over_training_runs():
+    """With cell_sd, the planted rates are the mean over training runs (seeds) of the same cell."""
+    source = CONFIG.sources[0]
+    config = quiet(cell_sd=0.9, base_logit=1.0, leak_offset=-2.0)
+    personas = [source, *[p for p in PERSONAS if p != source][:2]]
+    truth = expected_rates(config, [Cell(source, (0,) * 5, 42)], personas, 2).row(0, named=True)
+    sr, lr = [], []
+    for seed in range(400):
+        df = simulate_cell_answers(config, Cell(source, (0,) * 5, seed), personas, 2, 10, 0)
+        sr.append(df.filter(pl.col("is_source")).get_column("marker").mean())
+        lr.append(df.filter(~pl.col("is_source")).get_column("marker").mean())
+    assert np.mean(sr) == pytest.approx(truth["SR"], abs=0.02)
+    assert np.mean(lr) == pytest.approx(truth["LR"], abs=0.02)
+    # attenuated towards 1/2 against a single run without noise: the truth is not sigmoid(fixed logit)
+    assert truth["SR"] < 1 / (1 + np.exp(-1.0)) - 0.02
 
 
 def test_qwen7b_size_screen_is_fast():

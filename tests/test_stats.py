@@ -9,12 +9,14 @@ import pytest
 from eps_screen.design import fractional_factorial, full_factorial
 from eps_screen.stats import (
     DesignError,
+    cell_noise,
     cohens_d_rates,
     factorial_effects,
     few_cluster_factor,
     flipped_factors,
     percentile_ci,
     resample_counts,
+    residual_projector,
     sign_table,
     t_quantile,
     weighted_ratio,
@@ -209,6 +211,64 @@ def test_t_quantiles_and_few_cluster_factor():
     assert few_cluster_factor(20, 0.95) == pytest.approx(np.sqrt(20 / 19) * 2.0930 / 1.95996, abs=1e-3)
     assert few_cluster_factor(24, 0.95) < few_cluster_factor(20, 0.95)
     assert few_cluster_factor(100_000, 0.95) == pytest.approx(1.0, abs=1e-3)
+
+
+# --------------------------------------------------------------------------- training-run variance
+
+
+def _reported_columns(runs: np.ndarray) -> np.ndarray:
+    """The screen's 15 reported terms (5 main effects, 10 two-factor interactions) of -1/+1 runs."""
+    k = runs.shape[1]
+    pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
+    return np.column_stack([runs, *[runs[:, i] * runs[:, j] for i, j in pairs]])
+
+
+FULL = 2.0 * np.array(full_factorial(), dtype=float) - 1.0  # 32 x 5
+
+
+def test_residual_projector_is_the_unreported_contrasts():
+    r = residual_projector(_reported_columns(FULL))
+    assert np.trace(r) == pytest.approx(16)  # 31 contrasts - 15 reported = the 10 + 5 + 1 of order 3-5
+    np.testing.assert_allclose(r @ _reported_columns(FULL), 0, atol=1e-10)
+    abc = FULL[:, 0] * FULL[:, 1] * FULL[:, 2]
+    np.testing.assert_allclose(r @ abc, abc, atol=1e-10)  # a three-factor contrast is left whole
+    smoke = 2.0 * np.array(fractional_factorial(), dtype=float) - 1.0
+    assert np.trace(residual_projector(_reported_columns(smoke))) == pytest.approx(0, abs=1e-9)  # no df left
+
+
+def _additive_rates(rng, groups, s, sampling_sd=0.0, resamples=400):
+    """Cell rates sigmoid(additive logit + s * e_c) of full 2^5 groups, with bootstrap-like sampling noise."""
+    out = []
+    for _ in range(groups):
+        eta = -0.3 + FULL @ rng.normal(0, 0.4, 5) + 0.3 * FULL[:, 0] * FULL[:, 1]
+        p = 1 / (1 + np.exp(-(eta + s * rng.standard_normal(32))))
+        y = p + sampling_sd * rng.standard_normal(32)
+        yb = y[:, None] + sampling_sd * rng.standard_normal((32, resamples))
+        out.append((residual_projector(_reported_columns(FULL)), y, yb))
+    return out
+
+
+def test_cell_noise_recovers_the_planted_training_sd():
+    rng = np.random.default_rng(3)
+    noise = cell_noise(_additive_rates(rng, 30, 0.5), clusters=10**6)
+    assert noise.df == 30 * 16
+    assert noise.logit_sd == pytest.approx(0.5, rel=0.15)
+    # with answer-sampling noise on top, the part the bootstrap carries is netted out
+    both = cell_noise(_additive_rates(rng, 30, 0.5, sampling_sd=0.05), clusters=10**6)
+    assert both.sampling_ss == pytest.approx(0.05**2 * 30 * 16, rel=0.1)
+    assert both.logit_sd == pytest.approx(0.5, rel=0.2)
+    none = cell_noise(_additive_rates(rng, 30, 0.0, sampling_sd=0.05), clusters=10**6)
+    assert none.logit_sd < 0.15
+    # rate_sd is the delta-method scale on the rate scale
+    np.testing.assert_allclose(noise.rate_sd(np.array([0.5, 0.1, 0.0])), noise.logit_sd * np.array([0.25, 0.09, 0.0]))
+
+
+def test_cell_noise_without_residual_df_is_not_estimable():
+    smoke = 2.0 * np.array(fractional_factorial(), dtype=float) - 1.0
+    r = residual_projector(_reported_columns(smoke))
+    noise = cell_noise([(r, np.full(8, 0.3), np.full((8, 10), 0.3))], clusters=20)
+    assert noise.df == 0 and np.isnan(noise.logit_sd)
+    assert (noise.rate_sd(np.full(8, 0.3)) == 0).all()  # no component added rather than a NaN interval
 
 
 # --------------------------------------------------------------------------- signs across sources
