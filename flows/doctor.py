@@ -2,7 +2,8 @@
 
 Checks, in order: the config is valid; the result store is writable (a URL store: an object written, read back
 and deleted there) and reachable by the pool's cells (RunPod pods need a URL store); the Prefect API answers;
-the pool exists with a worker online; the cell deployment exists; the pool has the credentials it needs. A
+the pool exists with a worker online; the cell deployment exists; the pool has the credentials it needs (RunPod:
+each account's key is found and RunPod accepts it, by one read call, `myself`, at $RUNPOD_API_BASE_URL). A
 check that cannot run because an earlier one failed is reported as skipped. Exit 1 if any check failed; no
 traceback ever reaches the terminal (each check's exception becomes its line).
 """
@@ -150,9 +151,9 @@ class Doctor:
         if self.pool is None:
             raise Skip("no pool")
         values = job_values(self.pool, self.deployment)
-        problems, usable = [], []
+        problems, usable, keys = [], [], {}
         for account in values.get("accounts") or []:
-            label, why = account_key(account)
+            label, why, keys[account.get("name", "?")] = account_key(account)
             (usable if why is None else problems).append(f"{label}{'' if why is None else ': ' + why}")
         if not usable:
             raise LookupError("no RunPod account with a key: " + ("; ".join(problems) or "accounts is empty"))
@@ -165,7 +166,9 @@ class Doctor:
         if urlparse(api).hostname in LOCAL_HOSTS:
             raise ValueError(f"pods cannot reach the Prefect API at {api}: set `prefect_api_url` in the pool to an "
                              "address they can reach")
-        return f"RunPod key for {', '.join(usable)}; image {values['image']}"
+        for name in usable:  # last: a real read call with each key found
+            verify_runpod_key(name, keys[name])
+        return f"RunPod key for {', '.join(usable)} accepted by RunPod; image {values['image']}"
 
     # --- helpers ---
     def _need_config(self) -> ScreenConfig:
@@ -223,8 +226,9 @@ def job_values(pool, deployment) -> dict:
     return values
 
 
-def account_key(account: dict) -> tuple[str, str | None]:
-    """(label, None) when the account's key can be found from here, else (label, why not). Never the key itself."""
+def account_key(account: dict) -> tuple[str, str | None, str | None]:
+    """(label, None, key) when the account's key can be found from here, else (label, why not, None). The key is
+    only passed on to RunPod, never printed."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -233,14 +237,33 @@ def account_key(account: dict) -> tuple[str, str | None]:
         block = account["api_key_secret_block"]
         with get_client(sync_client=True) as client:
             try:
-                client.read_block_document_by_name(block, "secret")
+                doc = client.read_block_document_by_name(block, "secret")
             except ObjectNotFound:
-                return label, f"Secret block {block!r} does not exist (prefect block create secret)"
-        return label, None
+                return label, f"Secret block {block!r} does not exist (prefect block create secret)", None
+        value = (doc.data or {}).get("value")
+        value = value.get_secret_value() if hasattr(value, "get_secret_value") else value
+        return label, None, str(value or "").strip()
     env = account.get("api_key_env") or ""
     if os.environ.get(env):
-        return label, None
-    return label, f"environment variable {env} is not set here (the worker's environment needs it)"
+        return label, None, os.environ[env].strip()
+    return label, f"environment variable {env} is not set here (the worker's environment needs it)", None
+
+
+def verify_runpod_key(account: str, key: str | None) -> None:
+    """One read call (`myself`) with the account's key; raises with one line when RunPod refuses it or cannot be
+    reached. A rejected key would otherwise show only when the screen's first job asks for a pod."""
+    from pydantic import SecretStr
+
+    from eps_screen_runpod.api import BadApiKey, RetryPolicy, RunPodApi, RunPodApiError
+
+    api = RunPodApi(SecretStr(key or ""), account, RetryPolicy(attempts=2, base_delay_s=0.5, timeout_s=15))
+    try:
+        api.whoami()
+    except BadApiKey as exc:
+        raise PermissionError(f"{exc}: replace the key (RunPod console, Settings > API Keys) where the worker "
+                              "reads it") from None
+    except RunPodApiError as exc:
+        raise ConnectionError(f"cannot verify the key of account {account!r}: {exc}") from None
 
 
 def doctor(config_path: str, console) -> int:

@@ -9,6 +9,7 @@ pods; tests/integration/test_runpod_pool.py runs the real chain.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,10 +38,22 @@ from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 import tasks.dispatch  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
 from eps_screen.design import Cell  # noqa: E402
-from tasks.dispatch import API_OUTAGE_S, ApiUnavailable, CellsFailed, CostOverrun, adispatch_cells  # noqa: E402
+from eps_screen import gates  # noqa: E402
+from eps_screen.aggregate import collect_gates  # noqa: E402
+from eps_screen.store import ResultStore  # noqa: E402
+from eps_screen_runpod import marks  # noqa: E402
+from tasks.dispatch import (  # noqa: E402
+    API_OUTAGE_S,
+    ApiUnavailable,
+    CellsFailed,
+    CostOverrun,
+    InfrastructureRefused,
+    adispatch_cells,
+)
 
 pytestmark = pytest.mark.timeout(120)
 DEPLOYMENT = "cell/dispatch-unit"
+STORE = tempfile.mkdtemp(prefix="dispatch-unit-store-")  # where dispatch records kill criteria 5 and 6
 
 
 @flow(name="cell")
@@ -72,7 +85,35 @@ async def make_deployment():
 def screen_config(**execution) -> ScreenConfig:
     ex = {"pool": "runpod-gpu", "max_parallel_cells": 3, "crash_resubmits": 2, "resubmit_backoff_s": 0.2,
           "gpu_hourly_usd": 2.0, **execution}
-    return ScreenConfig(name="unit", execution=ex)
+    return ScreenConfig(name="unit", store=STORE, execution=ex)
+
+
+async def _killed_then_failed(client, run_id, label: bool = True):
+    """Issue 11's lost cell: the worker labels the run and writes Crashed, then the pod's dying process writes Failed."""
+    if label:
+        await client.update_flow_run_labels(run_id, {marks.KILLED_BY: f"{marks.WORKER}: bootstrap silence"})
+    await client.set_flow_run_state(run_id, Crashed(message=marks.CRASH_PREFIX + "bootstrap silence"), force=True)
+    await client.set_flow_run_state(run_id, Failed(message="ValueError: Task run is not set"))
+
+
+async def _silent(client, run_id):
+    """The worker killed the pod for bootstrap silence (kill criterion 6) and said so in a label."""
+    outcome = gates.bootstrap_silence(31.0, False, 30.0)
+    await client.update_flow_run_labels(run_id, {marks.KILLED_BY: marks.WORKER, marks.GATE6: outcome.model_dump_json()})
+    await client.set_flow_run_state(run_id, Crashed(message=marks.CRASH_PREFIX + outcome.reason), force=True)
+
+
+async def _refused(client, run_id):
+    """The worker could not start the job for good: a rejected key."""
+    line = ("RunPod refused the job for good (not retried): account main: RunPod rejected the API key of account "
+            "'main' (HTTP 401)")
+    await client.update_flow_run_labels(run_id, {marks.PERMANENT: line})
+    await client.set_flow_run_state(run_id, Failed(message=line), force=True)
+
+
+WORKER_FATES = {"killed-then-failed": _killed_then_failed,
+                "killed-then-failed-unlabelled": lambda c, r: _killed_then_failed(c, r, label=False),
+                "silent": _silent, "refused": _refused}
 
 
 class Executor:
@@ -109,6 +150,9 @@ class Executor:
                             usd_per_hour=self.cost_usd * 3600, started=0, ended=1, outcome=fate))
                     if fate == "hang":
                         self.hanging.add(run.id)
+                        continue
+                    if fate in WORKER_FATES:
+                        await WORKER_FATES[fate](client, run.id)
                         continue
                     final = {"complete": Completed(), "crash": Crashed(message="pod vanished"),
                              "fail": Failed(message="ValueError in training"),
@@ -205,7 +249,7 @@ def test_job_over_max_hours_stops_dispatch(harness):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(executor.loop)
                 try:
-                    config = ScreenConfig(name="unit", gates=cfg_gates,
+                    config = ScreenConfig(name="unit-long", store=STORE, gates=cfg_gates,
                                           execution={"pool": "runpod-gpu", "max_parallel_cells": 2})
                     return await adispatch_cells(config, ids("a", "b", "c"), DEPLOYMENT, None, poll_s=0.2,
                                                  key_prefix=f"k{time.time_ns()}", cancel_wait_s=10)
@@ -218,6 +262,9 @@ def test_job_over_max_hours_stops_dispatch(harness):
         run()
     exc = err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value
     assert isinstance(exc, CostOverrun) and "max_job_hours" in str(exc) and sorted(exc.cancelled) == ids("a", "b")
+    # kill criterion 5, decided by gates.cost_overrun, is a recorded gate event that the aggregation reads
+    recorded = {g.number: g for g in collect_gates({"gates": ResultStore(STORE, "unit-long").gates()})}
+    assert recorded[5].fired and recorded[5].numbers["job_too_long"] and recorded[5].numbers["longest_job_hours"] > 2 / 3600
 
 
 def test_jobs_run_cells_in_a_row_and_a_crashed_job_is_resubmitted_whole(harness):
@@ -314,3 +361,36 @@ def test_importing_dispatch_has_no_side_effects():
     code = "import sys, tasks.dispatch; assert 'prefect' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("fate", ["killed-then-failed", "killed-then-failed-unlabelled"])
+def test_a_run_the_infrastructure_killed_is_resubmitted_even_if_the_flow_wrote_failed_after(harness, fate):
+    # the worker's Crashed, then the dying process's Failed: by the label, or by the Crashed state in the history
+    out, ex = dispatch(harness, lambda c, a: fate if c == "c1" and a == 0 else "complete", ids("c0", "c1"))
+    assert sorted(out) == ids("c0", "c1")
+    assert [s for s in ex.seen if s[0] == "c1"] == [("c1", 0, fate), ("c1", 1, "complete")]
+
+
+def test_a_permanent_infrastructure_failure_stops_dispatch_at_once_with_one_line(harness):
+    t0 = time.monotonic()
+    with pytest.raises(InfrastructureRefused) as err:
+        dispatch(harness, lambda c, a: "refused" if c == "c0" else "hang", ids("c0", "c1", "c2"), crash_resubmits=6)
+    message = str(err.value)
+    assert "account 'main'" in message and "HTTP 401" in message and "\n" not in message
+    assert [s for s in LAST[0].seen if s[0] == "c0"] == [("c0", 0, "refused")]  # never resubmitted
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_silent_pod_is_a_recorded_gate_event_and_a_quiet_dispatch_records_the_gates_not_fired(harness):
+    store = ResultStore(STORE, "unit")
+    store.save_phase("gates", {})
+    dispatch(harness, lambda c, a: "complete", ids("c0"))
+    quiet = {g.number: g for g in collect_gates({"gates": store.gates()})}
+    assert not quiet[5].fired and not quiet[6].fired and "silent" in quiet[6].reason
+
+    out, ex = dispatch(harness, lambda c, a: "silent" if a == 0 else "complete", ids("c0", "c1"))
+    assert sorted(out) == ids("c0", "c1") and len(ex.seen) == 4  # both resubmitted once
+    recorded = {g.number: g for g in collect_gates({"gates": store.gates()})}
+    assert recorded[6].fired and len(recorded[6].numbers["events"]) == 2
+    assert recorded[6].numbers["limit_s"] == 30.0 and "cell c" in recorded[6].reason
+    assert not recorded[5].fired

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import CONFIGS
+from tests.fakes.fixtures import TEST_KEY, fake_runpod_fixture  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -162,20 +163,33 @@ def test_runpod_key_missing(tmp_path, capsys, api, monkeypatch):
                                     "RUNPOD_API_KEY is not set here (the worker's environment needs it)")
 
 
-def test_runpod_secret_block_missing_then_present(tmp_path, capsys, api):
+def test_runpod_secret_block_missing_then_present(tmp_path, capsys, api, fake_runpod):
     from prefect.blocks.system import Secret
 
     accounts = [{"name": "lab", "api_key_secret_block": "runpod-lab-doctor"}]
     runpod_ready(api, image="ghcr.io/lab/eps:1", prefect_api_url="https://prefect.lab.org/api", accounts=accounts)
     code, lines = doctor(capsys, write_config(tmp_path, pool="runpod-gpu"))
     assert "Secret block 'runpod-lab-doctor' does not exist" in lines["credentials"]
-    secret = "rpa_DOCTORTESTKEY_0123456789"
+    secret = TEST_KEY  # a key the fake RunPod API (RUNPOD_API_BASE_URL) accepts
     Secret(value=secret).save("runpod-lab-doctor", overwrite=True)
     code, lines = doctor(capsys, write_config(tmp_path, pool="runpod-gpu"))
-    assert lines["credentials"] == "ok   credentials: RunPod key for lab; image ghcr.io/lab/eps:1"
+    assert lines["credentials"] == "ok   credentials: RunPod key for lab accepted by RunPod; image ghcr.io/lab/eps:1"
     assert secret not in "".join(lines.values())
     # the one check a RunPod screen cannot pass today: a local store the pods cannot write
     assert code == 1 and lines["store"].startswith("FAIL store:") and "RunPod pods" in lines["store"]
+
+
+def test_runpod_key_rejected_by_runpod_is_one_line_naming_the_account(tmp_path, capsys, api, monkeypatch,
+                                                                       fake_runpod):
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_revoked_0123456789")
+    runpod_ready(api, image="ghcr.io/lab/eps:1", prefect_api_url="https://prefect.lab.org/api")
+    code, lines = doctor(capsys, write_config(tmp_path, pool="runpod-gpu"))
+    assert code == 1 and lines["credentials"].startswith(
+        "FAIL credentials: RunPod rejected the API key of account 'default' (HTTP 401): replace the key")
+    assert "rpa_revoked" not in "".join(lines.values()) and fake_runpod.stats["unauthorized"] == 1
+    monkeypatch.setenv("RUNPOD_API_KEY", TEST_KEY)
+    code, lines = doctor(capsys, write_config(tmp_path, pool="runpod-gpu"))
+    assert lines["credentials"].startswith("ok   credentials: RunPod key for default accepted by RunPod")
 
 
 def test_runpod_pods_cannot_reach_a_local_api(tmp_path, capsys, api, monkeypatch):

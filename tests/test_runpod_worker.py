@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import anyio
 import pytest
@@ -383,3 +384,180 @@ def test_reaper_terminates_orphans_and_adopts_unwatched_live_runs(fake: FakeRunP
     assert anyio.run(final_state, live.id).is_completed()
     assert [p["id"] for p in fake.live_pods()] == [other]
     api.terminate_pod(other)
+
+
+# -- issue 11: the race that lost a cell, and permanent errors --------------------------------------------------
+def _history(flow_run_id):
+    async def main():
+        async with get_client() as client:
+            return await client.read_flow_run_states(flow_run_id), (await client.read_flow_run(flow_run_id))
+
+    return anyio.run(main)
+
+
+def test_a_silence_decision_on_a_stale_read_is_checked_again_before_the_kill(fake: FakeRunPod, monkeypatch):
+    """The engine moves the run to Running while the worker is in a RunPod call, after the worker's state read:
+    bootstrap silence on that read would kill a run that has just started."""
+    from eps_screen_runpod.api import RunPodApi
+    from prefect.states import Running
+
+    get_pod = RunPodApi.get_pod
+    moved: list[float] = []
+
+    def engine_starts_during_the_call(self, pod_id):
+        info = get_pod(self, pod_id)
+        running = [e["t"] for e in fake.events_of("running") if e["pod_id"] == pod_id]
+        if running and time.time() - running[0] > 2.3 and not moved:  # past bootstrap_timeout_s=2
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(UUID(fake.pods[pod_id].env["PREFECT__FLOW_RUN_ID"]), Running())
+            moved.append(time.time())
+        return info
+
+    async def completes_later(flow_run, started):
+        while not moved:
+            await anyio.sleep(0.1)
+        await anyio.sleep(1.5)
+        async with get_client() as client:
+            await client.set_flow_run_state(flow_run.id, Completed())
+
+    monkeypatch.setattr(RunPodApi, "get_pod", engine_starts_during_the_call)
+    fake.faults.silent_pods = {0}
+    flow_run, result, state, _, _ = run_one(bootstrap_timeout_s=2, during=completes_later)
+    states, _ = _history(flow_run.id)
+    assert moved and state.is_completed() and result.status_code == 0
+    assert not any(s.is_crashed() for s in states), [s.name for s in states]
+    assert fake.live_pods() == []
+
+
+def test_an_infrastructure_kill_stays_one_when_the_dying_flow_writes_failed(fake: FakeRunPod, monkeypatch):
+    """Issue 11's sequence: kill decided (bootstrap silence), the first podTerminate answers 500, the engine moves
+    the run to Running meanwhile, and the dying process writes Failed after the kill. The worker labels the run and
+    writes Crashed before terminating, and sets Crashed again afterwards; dispatch resubmits it."""
+    from eps_screen_runpod.api import RunPodApi
+    from prefect.states import Failed, Running
+
+    from tasks.dispatch import _infrastructure_ended
+
+    terminate = RunPodApi.terminate_pod
+
+    def racing_terminate(self, pod_id):
+        flow_run_id = UUID(fake.pods[pod_id].env["PREFECT__FLOW_RUN_ID"]) if pod_id in fake.pods else None
+        fake.faults.fail_next = [500]  # the first attempt answers 500; the client retries
+        with get_client(sync_client=True) as client:
+            if flow_run_id is not None:
+                client.set_flow_run_state(flow_run_id, Running())  # the engine, meanwhile
+            gone = terminate(self, pod_id)
+            if flow_run_id is not None:  # the dying process's last write
+                client.set_flow_run_state(flow_run_id, Failed(message="ValueError: Task run is not set"))
+        return gone
+
+    monkeypatch.setattr(RunPodApi, "terminate_pod", racing_terminate)
+    fake.faults.silent_pods = {0}
+    flow_run, result, state, _, _ = run_one(bootstrap_timeout_s=2)
+    states, run = _history(flow_run.id)
+    names = [s.name for s in states]
+    assert result.status_code != 0 and state.is_crashed(), names
+    assert "infrastructure" in state.message and "Bootstrap silence" in state.message
+    assert run.labels.get("eps-screen.killed-by", "").startswith("runpod-worker")
+    assert json.loads(run.labels["eps-screen.gate6"])["fired"] is True
+    assert fake.stats["http_errors"] >= 1 and fake.live_pods() == []
+
+    async def resubmitted():
+        async with get_client() as client:
+            return await _infrastructure_ended(client, run, logging.getLogger("t"))
+
+    assert anyio.run(resubmitted)
+
+
+def test_a_rejected_key_fails_the_run_at_once_with_one_line_and_no_traceback(fake: FakeRunPod, monkeypatch, caplog):
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_not_a_key_of_this_account")
+    caplog.set_level(logging.INFO)
+    flow_run, result, state, _, elapsed = run_one()
+    _, run = _history(flow_run.id)
+    assert state.is_failed() and "account 'main'" in state.message and "HTTP 401" in state.message
+    assert "\n" not in state.message and run.labels["eps-screen.permanent-failure"] == state.message
+    assert "Traceback" not in caplog.text and elapsed < 10 and fake.live_pods() == []
+    # a GPU type RunPod does not know is as permanent; a transient failure (no capacity) is not
+    _, _, state, _, _ = run_one(gpu_types=["NVIDIA H900"], accounts=[{"name": "main", "api_key_env": "SPARE_RUNPOD_KEY"}])
+    assert state.is_failed() and "does not know this GPU type" in state.message
+    fake.faults.no_capacity = [(None, None, None)]
+    with pytest.raises(ProvisioningFailed):
+        run_one(accounts=[{"name": "main", "api_key_env": "SPARE_RUNPOD_KEY"}])
+
+
+def test_the_reaper_reports_a_rejected_key_once_not_every_pass(fake: FakeRunPod, monkeypatch, caplog):
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_not_a_key_of_this_account")
+    caplog.set_level(logging.DEBUG)
+
+    async def main():
+        async with RunPodWorker(work_pool_name=POOL) as worker:
+            for _ in range(4):
+                await worker.reap_once()
+
+    anyio.run(main)
+    lines = [r for r in caplog.records if "Reaper cannot list pods" in r.getMessage()]
+    assert sum(r.levelno >= logging.WARNING for r in lines) == 1  # 5 passes (setup's and 4), one line
+
+
+@flow(name="cell")
+def cell_stand_in(config: dict, cell_ids: list[str]) -> dict:  # never runs: no pod starts with a bad key
+    return {}
+
+
+def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(fake: FakeRunPod, monkeypatch,
+                                                                                 tmp_path, caplog):
+    """The screen's own path (flows.screen._on_pool -> dispatch -> this worker -> the fake API) with a key RunPod
+    rejects: one attempt per job, no resubmission, the screen's state one line that names the account."""
+    import contextvars
+    import threading
+
+    from eps_screen.config import ScreenConfig
+    from flows.screen import Stopped, _on_pool
+
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_revoked_key_of_the_lab_account")
+    caplog.set_level(logging.INFO)
+
+    async def deploy():
+        async with get_client() as client:
+            flow_id = await client.create_flow_from_name("cell")
+            await client.create_deployment(flow_id=flow_id, name="cell-runpod", entrypoint="x.py:cell",
+                                           work_pool_name=POOL, job_variables={
+                                               "image": "eps-screen:test", "gpu_types": GPUS, "poll_interval_s": 0.5,
+                                               "accounts": [{"name": "lab", "api_key_env": "RUNPOD_API_KEY"}]})
+
+    anyio.run(deploy)
+    stop = threading.Event()
+
+    def worker_loop():
+        async def main():
+            async with RunPodWorker(work_pool_name=POOL, prefetch_seconds=1) as worker:
+                while not stop.is_set():
+                    await worker.get_and_submit_flow_runs()
+                    await anyio.sleep(0.3)
+
+        anyio.run(main)
+
+    settings = contextvars.copy_context()  # the harness's Prefect settings live in context variables
+    thread = threading.Thread(target=settings.run, args=(worker_loop,), daemon=True)
+    thread.start()
+    import yaml
+
+    data = yaml.safe_load((ROOT / "deployments" / "configs" / "simulated.yaml").read_text())
+    config = ScreenConfig(**{**data, "name": "badkey", "store": str(tmp_path / "store"),
+                             "execution": {"pool": "runpod-gpu", "max_parallel_cells": 3, "crash_resubmits": 6,
+                                           "resubmit_backoff_s": 0.2}})
+    cells = [f"s{i}-A0B0C0D0E0-s1" for i in range(6)]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Stopped) as err:
+            _on_pool(config, cells)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    elapsed = time.monotonic() - t0
+    message = err.value.state.message
+    assert elapsed < 60, elapsed
+    assert "\n" not in message and "account 'lab'" in message and "HTTP 401" in message, message
+    assert "rpa_revoked" not in message and "Traceback" not in caplog.text
+    assert fake.stats["deployed"] == 0 and fake.live_pods() == []
+    print(f"bad key: screen stopped in {elapsed:.1f} s: {message}")

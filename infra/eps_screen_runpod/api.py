@@ -148,6 +148,11 @@ class RunPodApi:
         found = data.get("gpuTypes") or []
         return found[0] if found else None
 
+    def whoami(self) -> str:
+        """The account's user id: a read call that proves the key works (BadApiKey when RunPod refuses it)."""
+        user = self.query(user_queries.QUERY_USER).get("myself") or {}
+        return str(user.get("id") or "?")
+
     def network_volume_datacenter(self, network_volume_id: str) -> str | None:
         user = self.query(user_queries.QUERY_USER).get("myself") or {}
         for vol in user.get("networkVolumes") or []:

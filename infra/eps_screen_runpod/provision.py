@@ -23,9 +23,24 @@ SCRIPT_PATH = "/tmp/prefect-flow-run.sh"
 
 
 class ProvisioningFailed(RuntimeError):
-    def __init__(self, skips: list[str]):
+    """No offer deployed. `permanent` when every offer failed for a reason that waiting cannot fix (a missing or
+    rejected key, an unknown GPU type, a request RunPod refuses, e.g. the image): retrying such a job only repeats
+    the failure, so the worker fails the run at once and dispatch stops the screen (tasks/dispatch.py)."""
+
+    def __init__(self, skips: list[str], permanent: list[str] | None = None):
         self.skips = skips
+        self.permanent_skips = list(permanent or [])
         super().__init__("no RunPod offer could be deployed: " + "; ".join(skips) if skips else "no offers allowed")
+
+    @property
+    def permanent(self) -> bool:
+        return bool(self.skips) and len(self.permanent_skips) == len(self.skips)
+
+    def line(self) -> str:
+        """One line for the run's state and the screen's: the distinct causes, no traceback."""
+        causes = list(dict.fromkeys(self.permanent_skips or self.skips))
+        return ("RunPod refused the job for good (not retried): " + "; ".join(causes[:4])
+                + (f"; and {len(causes) - 4} more" if len(causes) > 4 else ""))
 
 
 @dataclass
@@ -75,22 +90,25 @@ async def provision(
 ) -> ProvisionedPod:
     """Deploy one pod. `apis` holds, per allowed account in order, a client or (account, why it is unusable)."""
     skips: list[str] = []
+    permanent: list[str] = []
 
-    def skip(what: str, reason: str) -> None:
+    def skip(what: str, reason: str, for_good: bool = False) -> None:
         skips.append(f"{what}: {reason}")
+        if for_good:
+            permanent.append(skips[-1])
         logger.warning("Skipping %s: %s", what, reason)
 
     docker_args = docker_args_for(cfg.command or "prefect flow-run execute")
     for api in apis:
         if isinstance(api, tuple):
-            skip(f"account {api[0]}", api[1])
+            skip(f"account {api[0]}", api[1], True)
             continue
         data_center = None
         if cfg.network_volume_id:
             try:
                 data_center = await anyio.to_thread.run_sync(api.network_volume_datacenter, cfg.network_volume_id)
             except BadApiKey as exc:
-                skip(f"account {api.account}", str(exc))
+                skip(f"account {api.account}", str(exc), True)
                 continue
             except RunPodApiError as exc:
                 skip(f"account {api.account}", f"network volume lookup failed: {exc}")
@@ -103,14 +121,15 @@ async def provision(
             try:
                 gpu = await anyio.to_thread.run_sync(api.gpu_type, gpu_type, cfg.gpu_count)
             except BadApiKey as exc:
-                skip(f"account {api.account}", str(exc))
+                skip(f"account {api.account}", str(exc), True)
                 account_dead = True
                 break
             except RunPodApiError as exc:
-                skip(f"{gpu_type} on account {api.account}", f"GPU type lookup failed: {exc}")
+                skip(f"{gpu_type} on account {api.account}", f"GPU type lookup failed: {exc}",
+                     isinstance(exc, QueryRejected))
                 continue
             if gpu is None:
-                skip(f"{gpu_type} on account {api.account}", "RunPod does not know this GPU type")
+                skip(f"{gpu_type} on account {api.account}", "RunPod does not know this GPU type", True)
                 continue
             for cloud in cfg.cloud_types:
                 what = f"{gpu_type} x{cfg.gpu_count} / {cloud} / account {api.account}"
@@ -142,11 +161,11 @@ async def provision(
                     skip(what, f"no capacity ({exc})")
                     continue
                 except BadApiKey as exc:
-                    skip(f"account {api.account}", str(exc))
+                    skip(f"account {api.account}", str(exc), True)
                     account_dead = True
                     break
-                except (TransientApiError, QueryRejected) as exc:
-                    skip(what, f"deploy failed: {exc}")
+                except (TransientApiError, QueryRejected) as exc:  # QueryRejected: RunPod refused the request
+                    skip(what, f"deploy failed: {exc}", isinstance(exc, QueryRejected))
                     continue
                 cost = pod.get("costPerHr")
                 usd = float(cost) if cost else price
@@ -155,4 +174,4 @@ async def provision(
                                       name=cfg.name or "")
             if account_dead:
                 break
-    raise ProvisioningFailed(skips)
+    raise ProvisioningFailed(skips, permanent)

@@ -15,8 +15,17 @@ run's infrastructure pid, then checks the pod and the flow run every `poll_inter
   started, the code loaded and the pod reaches the Prefect API. Later silence is not judged here;
 - pod not RUNNING within `start_timeout_s`; pod older than `max_wall_hours` -> Crashed.
 
-Whatever the outcome, the pod is terminated before the run's final state is written (so a late process
-cannot revive a crashed run) and its cost is published once, as an artifact keyed by the pod (cost.py). A
+Before acting on a kill decision the worker reads the flow run again (the read at the top of the poll may
+be stale after slow RunPod calls: a run that has just started is not "silent"). A kill is then recorded
+before the pod is touched: the label `eps-screen.killed-by` (marks.py) and a Crashed state whose message
+names the infrastructure; then the pod is terminated, and a run that the dying process moved on (Running,
+Failed) is set Crashed again. Dispatch reads the label and the state history, so a late write from the pod
+cannot turn an infrastructure kill into a flow failure. Kill criterion 6 is decided by
+`eps_screen.gates.bootstrap_silence`; when it fires, its outcome travels as the label `eps-screen.gate6`
+and dispatch records it in the store. A job that can never start (a missing or rejected key, an unknown GPU
+type, a refused image: provision.ProvisioningFailed.permanent) ends Failed at once with one line and the
+label `eps-screen.permanent-failure`, no traceback; dispatch then stops the screen.
+The pod's cost is published once, as an artifact keyed by the pod (cost.py). A
 background reaper terminates pods named `<prefix>-<flow run id>` whose runs are finished or unknown, and
 adopts (watches) pods of live runs that no worker watches, e.g. after this worker restarted. Stopping the
 worker leaves live pods alone.
@@ -34,12 +43,15 @@ import anyio
 import anyio.abc
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
+from prefect.states import Crashed
 from prefect.workers.base import BaseWorker, BaseWorkerResult
 
-from eps_screen_runpod.api import RunPodApi, RunPodApiError
+from eps_screen import gates
+from eps_screen_runpod import marks
+from eps_screen_runpod.api import BadApiKey, RunPodApi, RunPodApiError
 from eps_screen_runpod.cost import PodCost, publish_pod_cost
 from eps_screen_runpod.job import RunPodAccount, RunPodJobConfiguration, RunPodVariables, resolve_api_key
-from eps_screen_runpod.provision import ProvisionedPod, provision
+from eps_screen_runpod.provision import ProvisionedPod, ProvisioningFailed, provision
 
 _EXITED = {"EXITED", "TERMINATED", "DEAD"}
 # Returned when the worker ended the run as Crashed itself: any non-zero code makes the base worker propose
@@ -60,6 +72,7 @@ class Outcome:
     kind: str  # "final" | "crash" | "cancel"
     message: str
     flow_run: Optional[FlowRun] = None
+    gate: Optional[gates.GateOutcome] = None  # the kill criterion that decided a crash, when one did
 
 
 class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWorkerResult]):
@@ -79,6 +92,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         self._accounts_seen: dict[str, RunPodAccount] = {}
         self._prefixes_seen: set[str] = set()
         self._costed: set[str] = set()  # pods whose cost this worker published: a pod is costed once
+        self._reaper_warned: dict[str, str] = {}  # account -> the listing error last warned about (warn once)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -101,7 +115,12 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         self._watching.add(flow_run.id)
         try:
             apis = [await self._api_or_reason(a) for a in configuration.accounts]
-            pod = await provision(configuration, apis, logger)
+            try:
+                pod = await provision(configuration, apis, logger)
+            except ProvisioningFailed as exc:
+                if not exc.permanent:
+                    raise
+                return await self._fail_for_good(flow_run, exc, logger, task_status)
             if task_status is not None:
                 task_status.started(pod.infrastructure_pid)
             return await self._own(flow_run, configuration, pod, logger)
@@ -131,9 +150,11 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         except Exception as exc:  # a bug or a dead Prefect API: never keep paying for the pod
             outcome = Outcome("crash", f"RunPod worker lost track of pod {pod.pod_id}: {type(exc).__name__}: {exc}")
         with anyio.CancelScope(shield=True):
+            if outcome.kind == "crash":  # recorded before the pod is touched: see the module docstring
+                await self._record_kill(flow_run, outcome, logger)
             await self._terminate(pod, logger, outcome, flow_run.id)
             if outcome.kind == "crash":
-                await self._propose_crashed_state(flow_run, outcome.message)
+                await self._crash_again_if_moved(flow_run, outcome, logger)
                 return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=CRASHED_BY_WORKER)
             if outcome.kind == "cancel" and outcome.flow_run is not None:
                 await self._mark_flow_run_as_cancelled(outcome.flow_run, {"message": outcome.message})
@@ -181,14 +202,73 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                                                 f" is still {state.name if state else 'unknown'}")
             if running_since is None and now - created > cfg.start_timeout_s:
                 return Outcome("crash", f"RunPod pod {pod.pod_id} did not reach RUNNING in {cfg.start_timeout_s:.0f} s")
-            if (running_since is not None and not started and state is not None
-                    and now - running_since > cfg.bootstrap_timeout_s):
+            silence = (gates.bootstrap_silence(now - running_since, started, cfg.bootstrap_timeout_s)
+                       if running_since is not None and state is not None else None)
+            if silence is not None and silence.fired:
+                # The read above came before the RunPod calls: the engine may have started the run since.
+                fresh = await self._read_flow_run(flow_run.id, logger)
+                if fresh is None or fresh.state is None or fresh.state.type not in _NOT_STARTED:
+                    started = fresh is not None and fresh.state is not None
+                    await anyio.sleep(interval)
+                    continue
                 return Outcome("crash", f"Bootstrap silence (kill criterion 6): pod {pod.pod_id} RUNNING for"
-                                        f" {now - running_since:.0f} s but the flow run never started")
+                                        f" {now - running_since:.0f} s but the flow run never started"
+                                        f" ({silence.reason})", gate=silence)
             if now - created > cfg.max_wall_hours * 3600:
                 return Outcome("crash", f"RunPod pod {pod.pod_id} exceeded max_wall_hours={cfg.max_wall_hours:g}"
                                         " (kill criterion 5)")
             await anyio.sleep(interval)
+
+    async def _record_kill(self, flow_run: FlowRun, outcome: Outcome, logger: Any) -> None:
+        """Label the run as killed by the infrastructure and set it Crashed, before its pod is terminated: a write
+        from the dying process then lands on a run dispatch already knows to resubmit."""
+        current = await self._read_flow_run(flow_run.id, logger)
+        if current is not None and current.state is not None and current.state.is_final():
+            return  # it ended by itself meanwhile: its own state stands; the pod goes anyway
+        labels: dict[str, Any] = {marks.KILLED_BY: f"{marks.WORKER}: {outcome.message[:150]}"}
+        if outcome.gate is not None:
+            labels[marks.GATE6 if outcome.gate.number == 6 else f"eps-screen.gate{outcome.gate.number}"] = (
+                outcome.gate.model_dump_json())
+        await self._label(flow_run.id, labels, logger)
+        outcome.message = marks.CRASH_PREFIX + outcome.message
+        await self._propose_crashed_state(flow_run, outcome.message)
+
+    async def _crash_again_if_moved(self, flow_run: FlowRun, outcome: Outcome, logger: Any) -> None:
+        """After the pod is gone: a run its dying process moved off Crashed (Running, or Failed by the flow) is
+        set Crashed again, so its last state says what happened."""
+        current = await self._read_flow_run(flow_run.id, logger)
+        state = current.state if current is not None else None
+        if state is None or state.is_crashed() or state.is_completed() or state.is_cancelled():
+            return
+        try:
+            await self.client.set_flow_run_state(flow_run.id, Crashed(message=outcome.message), force=True)
+            logger.warning("Flow run %s moved to %s after its pod was killed; set Crashed again", flow_run.id,
+                           state.name)
+        except Exception as exc:
+            logger.warning("Could not set flow run %s Crashed again (%s)", flow_run.id, type(exc).__name__)
+
+    async def _label(self, flow_run_id: UUID, labels: dict[str, Any], logger: Any) -> None:
+        try:
+            with anyio.fail_after(30):
+                await self.client.update_flow_run_labels(flow_run_id, labels)
+        except Exception as exc:  # the state and its message still say it; dispatch also reads the history
+            logger.warning("Could not label flow run %s (%s)", flow_run_id, type(exc).__name__)
+
+    async def _fail_for_good(self, flow_run: FlowRun, exc: ProvisioningFailed, logger: Any,
+                             task_status: Optional[anyio.abc.TaskStatus[str]]) -> RunPodWorkerResult:
+        """A job no retry can start: one error line, the run Failed with that line, no traceback, no pod."""
+        from prefect.states import Failed
+
+        line = exc.line()
+        logger.error("%s", line)
+        await self._label(flow_run.id, {marks.PERMANENT: line[:500]}, logger)
+        try:
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=line), force=True)
+        except Exception as err:
+            logger.warning("Could not set flow run %s Failed (%s)", flow_run.id, type(err).__name__)
+        if task_status is not None:
+            task_status.started(exc)  # type: ignore[arg-type]  # no pod: the base worker records no pid
+        return RunPodWorkerResult(identifier="", status_code=CRASHED_BY_WORKER)
 
     async def _in_inventory(self, pod: ProvisionedPod) -> bool:
         """A second opinion before calling a pod vanished: is it in the account's pod list?"""
@@ -268,8 +348,13 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             try:
                 pods = await anyio.to_thread.run_sync(api.list_pods)
             except RunPodApiError as exc:
-                self._logger.warning("Reaper cannot list pods of account %s (%s)", account.name, exc)
+                # Once per account and cause, not every pass: a rejected key stays rejected until someone acts.
+                log = self._logger.debug if self._reaper_warned.get(account.name) == str(exc) else (
+                    self._logger.error if isinstance(exc, BadApiKey) else self._logger.warning)
+                self._reaper_warned[account.name] = str(exc)
+                log("Reaper cannot list pods of account %s (%s)", account.name, exc)
                 continue
+            self._reaper_warned.pop(account.name, None)
             for info in pods:
                 await self._reap_pod(api, info)
         return defaults.reap_interval_s
