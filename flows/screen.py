@@ -8,6 +8,9 @@ the screen again resumes it; gate decisions read the store, not the runs' return
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from contextlib import contextmanager
 
 from prefect import flow, get_run_logger
@@ -134,13 +137,110 @@ def _run_here(config: ScreenConfig, cells: list[Cell], progress: Progress, pool)
 @contextmanager
 def cell_processes(config: ScreenConfig):
     """In-process cells on several CPU cores: worker processes that each keep their own loaded base model
-    (one process trains one LoRA at a time on its copy; threads would share, and corrupt, one base)."""
+    (one process trains one LoRA at a time on its copy; threads would share, and corrupt, one base).
+
+    A cancelled or crashed screen stops them (CellPool.stop): none is left computing or holding its model, and
+    each cell in flight is marked Crashed by name. If this process dies without a word (SIGKILL, out of memory),
+    the kernel ends them too (PR_SET_PDEATHSIG)."""
     n = config.execution.max_parallel_cells
     if config.execution.pool != "inprocess" or n == 1 or config.simulated:
         yield None
         return
-    with ProcessPoolTaskRunner(max_workers=n) as pool:
-        yield pool
+    with ProcessPoolTaskRunner(max_workers=n) as runner:
+        pool = CellPool(runner)
+        try:
+            yield pool
+        except BaseException as exc:
+            pool.stop(exc)
+            raise
+
+
+class CellPool:
+    """The screen's cell processes: ProcessPoolTaskRunner's submit, and which cell each pending future holds."""
+
+    def __init__(self, runner: ProcessPoolTaskRunner):
+        self.runner = runner
+        self.in_flight: dict = {}  # PrefectFuture -> cell id
+        executor = runner._executor  # processes start on demand: each first runs _die_with_parent
+        executor._initargs = (executor._initializer, executor._initargs)
+        executor._initializer = _die_with_parent
+
+    def submit(self, task, parameters: dict):
+        future = self.runner.submit(task, parameters)
+        self.in_flight[future] = parameters.get("cell_id", "?")
+        return future
+
+    def pids(self) -> list[int]:
+        executor = self.runner._executor
+        return list((getattr(executor, "_processes", None) or {}).keys())
+
+    def stop(self, why: BaseException) -> list[str]:
+        """Kill the processes (SIGTERM, SIGKILL after 5 s), then mark the cells in flight Crashed; returns them."""
+        import signal
+
+        from prefect.client.orchestration import get_client
+        from prefect.states import Crashed
+
+        what = ("was cancelled or stopped" if not isinstance(why, Exception)
+                else f"crashed ({type(why).__name__}: {str(why)[:200]})")
+        cells = [cell_id for future, cell_id in self.in_flight.items() if not _done(future)]
+        processes = list((getattr(self.runner._executor, "_processes", None) or {}).values())
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.join(timeout=5)
+        # Task-run states reach the server as events, processed a little later: a cell's own Running, sent before
+        # its process died, can land after a Crashed written at once. Write, read back, write again (10 s at most).
+        todo = {f.task_run_id: c for f, c in self.in_flight.items() if c in cells}
+        deadline = time.monotonic() + 10
+        with get_client(sync_client=True) as client:
+            while todo and time.monotonic() < deadline:
+                for run_id, cell_id in list(todo.items()):
+                    try:
+                        client.set_task_run_state(run_id, Crashed(
+                            message=f"cell {cell_id}: its worker process was stopped because the screen {what}"),
+                            force=True)
+                    except Exception:  # not ingested yet (a queued cell may have no task run at all)
+                        continue
+                time.sleep(1.0)
+                for run_id in list(todo):
+                    try:
+                        state = client.read_task_run(run_id).state
+                    except Exception:
+                        continue
+                    if state is not None and state.is_crashed():
+                        del todo[run_id]
+        if todo:
+            logging.getLogger(__name__).warning("could not mark cell(s) %s Crashed", ", ".join(todo.values()))
+        logging.getLogger(__name__).warning("screen %s: stopped %d cell process(es); cells in flight marked Crashed: %s",
+                                            what, len(processes), ", ".join(cells) or "none")
+        return cells
+
+
+def _done(future) -> bool:
+    wrapped = getattr(future, "wrapped_future", None)
+    return bool(wrapped is not None and wrapped.done())
+
+
+def _die_with_parent(initializer, initargs) -> None:
+    """First thing in each cell process: the kernel sends it SIGKILL when the screen's process dies (Linux)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: cancel and crash still stop the processes (CellPool.stop)
+    if os.getppid() == 1:  # the parent died before prctl
+        os._exit(1)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def killed(outcome: gates.GateOutcome):
