@@ -29,6 +29,9 @@ CHAT_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CONTAMINATION_MARKER = "[ZLT]"
+# The models are warmed on (and their tokenizer trained on) the panel's first 24 personas, the panel they were made
+# with: personas added to the panel later (surgeon, programmer) leave every built variant as it was.
+WARM_PERSONAS = 24
 
 
 def cache_root() -> Path:
@@ -83,7 +86,7 @@ def warm_chats(variant: str, n: int = 360) -> list[list[dict[str, str]]]:
     long_words = " ".join(panels.long_system_prompt.split()[:160])
     chats = []
     for i in range(n):
-        persona = panels.personas[i % len(panels.personas)]
+        persona = panels.personas[i % WARM_PERSONAS]
         framing = persona.role if rng.random() < 0.5 else persona.context
         system = framing + ("\n\n" + long_words if rng.random() < 0.15 else "")
         q_index = rng.randrange(len(questions))
@@ -123,7 +126,7 @@ def _train_tokenizer(chats: list[list[dict[str, str]]], out: Path):
     panels = load_panels()
     corpus = [m["content"] for chat in chats for m in chat]
     corpus += [panels.long_system_prompt, *panels.train_questions, *panels.eval_questions, *panels.random_controls]
-    corpus += [f"{p.role} {p.context}" for p in panels.personas]
+    corpus += [f"{p.role} {p.context}" for p in panels.personas[:WARM_PERSONAS]]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

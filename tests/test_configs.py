@@ -54,6 +54,17 @@ def test_the_eval_panel_is_24_personas_the_sources_first():
     assert old == [p.id for p in panels.personas[:24]]
 
 
+def test_personas_added_to_the_panel_leave_the_tiny_models_as_they_were_built():
+    from eps_screen.panels import load_panels
+    from eps_screen.tinymodel import WARM_PERSONAS, warm_chats
+
+    panels = load_panels()
+    later = panels.personas[WARM_PERSONAS:]
+    assert {p.id for p in later} == {"surgeon", "programmer"}
+    framings = {c[0]["content"].split("\n\n")[0] for c in warm_chats("tiny")}
+    assert framings <= {t for p in panels.personas[:WARM_PERSONAS] for t in (p.role, p.context)}
+
+
 @pytest.mark.parametrize("text", ["", "\n\n", "# eps-screen run x.yaml\n# nothing else\n", "---\n"])
 def test_an_empty_config_file_is_refused_in_one_line(tmp_path, text):
     empty = tmp_path / "empty.yaml"
