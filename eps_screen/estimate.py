@@ -73,12 +73,21 @@ H200_GENERATE = {
 # Rows per call that ran out of the H200's memory: prefill holds rows x 1045 tokens x the 18,944-wide MLP (37.8 GiB at
 # 1024 rows) beside the KV cache; 512 rows failed too, with and without an adapter.
 H200_GENERATE_OOM_ROWS = {"A1": 512}
-# vLLM on one H200 (vLLM 0.26.0, torch 2.11): a GPU job of four 7B-shaped cells through pipeline.run_job, one engine,
-# LoRA r=32 adapters on all linear layers, sampled answers of up to 128 tokens, 1,000 requests per cell, A0 and A1
-# prompts (benchmarks/gpu_job_bench.py). Evaluation: 42-45 s for the four cells, either job_eval mode, both runs.
+# vLLM on one H200 (vLLM 0.26.0, torch 2.11), 7B-shaped model, one engine with enable_lora (max_loras 8), LoRA r=32
+# on all linear layers. Per prompt condition: one cell's panel, 1,500 sampled requests of up to 256 tokens
+# (benchmarks/gpu_lora_eval_bench.py), served through the LoRA kernels, with the adapter merged into the weights
+# (eval.vllm_merge_adapter; the call's time less its measured merge, which that run did on the CPU), and without
+# an adapter (answer sets, pre-screen). The job benchmark (4 cells, 128-token answers) measured 11,000-11,800.
+_LE = _R + "gpu_lora_eval_h200.json"
 _J1, _J2, _JT = _R + "gpu_job_h200.json", _R + "gpu_job_h200_run2.json", _R + "gpu_job_test_h200.json"
-H200_VLLM_EVAL = Figure(11400, "tokens/s", f"{_J1}, {_J2}",
-                        "with each cell's adapter; 11,000-11,800 over 4 runs of 4 cells")
+H200_VLLM = {
+    "lora": {0: Figure(15504, "tokens/s", _LE, "A0, the adapter through LoRA kernels"),
+             1: Figure(13557, "tokens/s", _LE, "A1, the adapter through LoRA kernels")},
+    "merged": {0: Figure(20600, "tokens/s", _LE, "A0, adapter merged: 27.2 s less its 9.7 s merge"),
+               1: Figure(18100, "tokens/s", _LE, "A1, adapter merged: 27.9 s less its 7.9 s merge")},
+    "base": {0: Figure(23430, "tokens/s", _LE, "A0, no adapter"),
+             1: Figure(15341, "tokens/s", _LE, "A1, no adapter")},
+}
 H200_VLLM_START_COLD = Figure(181, "s", _JT, "engine start with empty compile caches (torch.compile, CUDA graphs)")
 H200_VLLM_START_WARM = Figure(35, "s", f"{_J1}, {_J2}", "engine start with execution.engine_cache_dir warm: 30.5, 40.2 s")
 H200_FIRST_SLEEP = Figure(13, "s", f"{_JT}, {_J1}", "an engine's first sleep (10-14 s); later ones 0.4 s, waking 0.6 s")
@@ -245,6 +254,7 @@ def estimate(config: ScreenConfig) -> Estimate:
         hardware = "CPU"
         train_rate = {c: CPU_TINY_TRAIN for c in CONDITIONS}
         gen_rate = {0: CPU_TINY_GENERATE, 1: CPU_TINY_GENERATE}
+        base_rate = None
         figures["train (tiny, CPU)"] = CPU_TINY_TRAIN
         figures["generate (tiny, CPU)"] = CPU_TINY_GENERATE
         tail = 1.0
@@ -258,6 +268,7 @@ def estimate(config: ScreenConfig) -> Estimate:
         for c in CONDITIONS:
             figures[f"train {c} ({profile})"] = train_rate[c]
         backend = config.backend.generation
+        base_rate = None
         override = getattr(getattr(config, "estimate", None), "generate_tokens_per_s", None)
         vllm = backend in ("vllm", "auto")
         gen_rate = {}
@@ -266,11 +277,14 @@ def estimate(config: ScreenConfig) -> Estimate:
             figures["generate (config override)"] = gen_rate[0]
             tail = 1.0
         elif vllm:
-            gen_rate = {0: H200_VLLM_EVAL, 1: H200_VLLM_EVAL}
-            figures["generate (vLLM, adapters)"] = H200_VLLM_EVAL
+            path = "merged" if config.eval.vllm_merge_adapter else "lora"
+            gen_rate, base_rate = dict(H200_VLLM[path]), dict(H200_VLLM["base"])
+            for a in (0, 1):
+                figures[f"generate A{a} (vLLM, {path} adapter)"] = gen_rate[a]
+                figures[f"generate A{a} (vLLM, no adapter)"] = base_rate[a]
             tail = 1.0  # continuous batching: no padded batch tail
-            notes.append("vLLM figure measured with 128-token answers on random weights (every answer near its cap);"
-                         " the pre-screen and answer sets use it too, though they run without an adapter")
+            notes.append("vLLM figures measured with answers of up to 256 tokens on random weights (answers run near"
+                         " their cap); B0's 50-token answers are likely slower per token (more prefill per token)")
         else:
             for a in (0, 1):
                 rows = generate_rows(config, a)
@@ -288,6 +302,8 @@ def estimate(config: ScreenConfig) -> Estimate:
             scale = REFERENCE_PARAMS / params
             train_rate = {c: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f} by parameters") for c, f in train_rate.items()}
             gen_rate = {a: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f} by parameters") for a, f in gen_rate.items()}
+            if base_rate:
+                base_rate = {a: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f}") for a, f in base_rate.items()}
             notes.append(f"{config.model.base}: figures scaled from the 7.6B-parameter measurements by parameter count")
         startup_s = POD_STARTUP_S
         if vllm and not override:
@@ -315,7 +331,8 @@ def estimate(config: ScreenConfig) -> Estimate:
     train_s = sum(train_tokens[c] / train_rate[c].value for c in CONDITIONS)
     eval_s = sum(eval_tokens[c] * tail / gen_rate[int(c[1])].value for c in CONDITIONS)
     # Regime answers are generated without an adapter, under their own prompt condition: mean of the A rates.
-    mean_gen = sum(f.value for f in gen_rate.values()) / len(gen_rate)
+    # Answer sets and the pre-screen run without an adapter, under their own prompt conditions: mean of the A rates.
+    mean_gen = sum(f.value for f in (base_rate or gen_rate).values()) / len(gen_rate)
     off_scale = 1.0
     if config.off_policy.kind == "model" and config.off_policy.model and not tiny:
         off_params = model_params(config.off_policy.model)

@@ -91,7 +91,8 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
     if config.off_policy.kind == "model" and config.off_policy.model and config.off_policy.model != "tiny-alt":
         off_params = model_params(config.off_policy.model)
         if off_params is not None:
-            off = weights + off_params * BYTES[config.model.dtype] / 2**30 + awake * max(1.0, off_params / params)
+            off_scale = off_params / REFERENCE_PARAMS
+            off = weights + off_params * BYTES[config.model.dtype] / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB + MARGIN_GIB
     return MemoryPlan(weights, train, 2 * weights + awake, off)
 
 

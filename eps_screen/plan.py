@@ -52,6 +52,8 @@ class Plan:
     eval_answers: int
     estimate: dict = field(default_factory=dict)
     estimate_lines: list[str] = field(default_factory=list)
+    # What would fail on the rented hardware (a job that does not fit a GPU type it may get), field and fix named.
+    problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         p = self.cells_per_phase
@@ -90,6 +92,10 @@ def make_plan(config: ScreenConfig) -> Plan:
         from eps_screen.estimate import estimate
     except ImportError:
         return plan
+    from eps_screen.gpu_memory import memory_lines, memory_problems
+
     est = estimate(config)
-    plan.estimate, plan.estimate_lines = est.as_dict(), est.lines()
+    plan.estimate, plan.estimate_lines = est.as_dict(), est.lines() + memory_lines(config)
+    if not config.simulated:
+        plan.problems = memory_problems(config)
     return plan

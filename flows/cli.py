@@ -32,9 +32,12 @@ def cmd_validate(args) -> int:
 
     config = _load(args.config)
     print(f"{args.config}: valid screen '{config.name}' (model {config.model.base}, sources {', '.join(config.sources)})")
-    for line in make_plan(config).lines():
+    plan = make_plan(config)
+    for line in plan.lines():
         print(f"  {line}")
-    return 0
+    for line in plan.problems:
+        print(f"error: {line}", file=sys.stderr)
+    return 2 if plan.problems else 0
 
 
 def cmd_design(args) -> int:

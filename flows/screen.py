@@ -98,7 +98,10 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
     cells that failed every resubmission end it Failed. Finished work stays in the store either way."""
     from tasks.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
 
-    budget = make_plan(config).estimate.get("cost_usd")
+    plan = make_plan(config)
+    if plan.problems:  # before anything is rented: a job that cannot fit its GPU would crash on it
+        raise Stopped(Failed(message="; ".join(plan.problems)))
+    budget = plan.estimate.get("cost_usd")
     try:
         return dispatch_cells(config, ids, DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
     except CostOverrun as stop:

@@ -24,7 +24,9 @@ def test_qwen7b_estimate_cites_its_figures():
         assert fig["value"] > 0, name
         path = fig["source"].split(",")[0]
         assert (ROOT / path).exists(), f"{name}: {path} missing"
-    assert any("vLLM was not measured" in n for n in est.notes)
+    # GPU pools generate with vLLM: its figures, measured on the H200, not transformers' floor
+    assert any("gpu_lora_eval_h200.json" in f["source"] for f in est.figures.values())
+    assert not any("transformers" in name for name in est.figures)
     d = est.as_dict()
     assert d["cost_usd"] == est.cost_usd and "H200-hours" in d["summary"]
 
@@ -58,7 +60,7 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
     from eps_screen.estimate import gpu_jobs
 
     config = load_config(CONFIGS / "qwen7b.yaml")
-    assert config.execution.cells_per_job == 4 and config.execution.max_parallel_cells == 8
+    config = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 4, "max_parallel_cells": 8})})
     # the same grouping as dispatch: pre-screen 1, smoke 8 cells -> 8 jobs (8 GPUs), the smoke source's
     # 24 remaining slab cells -> 8 jobs of 3, two full slabs -> 8 jobs of 4 each, 18 multi-seed cells -> 6 jobs
     def jobs(n: int) -> int:
@@ -73,7 +75,8 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
 
 def _qwen_eval(**eval_):
     config = load_config(CONFIGS / "qwen7b.yaml")
-    return config.model_copy(update={"eval": config.eval.model_copy(update=eval_)})
+    return config.model_copy(update={"eval": config.eval.model_copy(update=eval_),
+                                     "backend": config.backend.model_copy(update={"generation": "transformers"})})
 
 
 def test_generation_rows_follow_the_prompt_token_cap_and_an_oom_batch_is_named():
@@ -91,3 +94,40 @@ def test_generation_rows_follow_the_prompt_token_cap_and_an_oom_batch_is_named()
     # bigger calls of short prompts were measured faster: the capped config's evaluation is shorter
     small = _qwen_eval(batch_size=50, batch_prompt_tokens=None)
     assert estimate(shipped).hours["eval"] < estimate(small).hours["eval"]
+
+
+def _execution(config, **values):
+    return config.model_copy(update={"execution": config.execution.model_copy(update=values)})
+
+
+def test_cells_per_job_with_the_fewest_jobs_for_the_gpus():
+    from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
+
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    for gpus, best in ((8, 4), (4, 8), (2, 16)):
+        at = _execution(config, max_parallel_cells=gpus)
+        assert fewest_jobs_cells_per_job(at, 8, 18) == best
+        fewest = gpu_jobs(at, 8, 18, best)
+        # more cells per job changes nothing (dispatch keeps every GPU busy); fewer means more start-ups
+        assert gpu_jobs(at, 8, 18, best * 2) == fewest < gpu_jobs(at, 8, 18, best - 1)
+    small = _execution(config, max_parallel_cells=8, cells_per_job=2)
+    assert any("execution.cells_per_job: 4 gives the fewest jobs" in n for n in estimate(small).notes)
+    assert estimate(_execution(small, cells_per_job=4)).hours["startup"] < estimate(small).hours["startup"]
+
+
+def test_a_warm_engine_cache_and_merged_adapters_shorten_the_screen():
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    cold = _execution(config, engine_cache_dir=None)
+    assert estimate(cold).hours["startup"] > estimate(config).hours["startup"]
+    assert estimate(cold).figures["vLLM engine start"]["value"] > estimate(config).figures["vLLM engine start"]["value"]
+    merged = config.model_copy(update={"eval": config.eval.model_copy(update={"vllm_merge_adapter": True})})
+    assert estimate(merged).hours["eval"] < estimate(config).hours["eval"]
+    assert estimate(merged).hours["regimes"] == estimate(config).hours["regimes"]  # answer sets have no adapter
+
+
+def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
+    est = estimate(jsonl)  # with off-policy answers from a file every throughput figure is a measured one
+    assert est.gpu_hours <= 10, est.summary
+    assert not any("not measured" in n for n in est.notes)

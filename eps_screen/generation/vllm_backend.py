@@ -233,7 +233,8 @@ class VLLMGenerator:
         from eps_screen.generation.vllm_merge import load_weights, lora_deltas
 
         started = time.perf_counter()
-        load_weights(self.llm, self._base().model, lora_deltas(adapter))
+        base = self._base().model
+        load_weights(self.llm, base, lora_deltas(adapter, base.device))
         self.stats.setdefault("merge_s", []).append(time.perf_counter() - started)
         try:
             yield

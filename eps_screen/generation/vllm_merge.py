@@ -31,8 +31,9 @@ class MergeUnsupported(RuntimeError):
     pass
 
 
-def lora_deltas(adapter_dir: str | Path) -> dict[tuple[int, str], object]:
-    """{(layer, hf projection): (alpha/r) * B @ A} in float32, from a PEFT adapter directory."""
+def lora_deltas(adapter_dir: str | Path, device: str = "cpu") -> dict[tuple[int, str], object]:
+    """{(layer, hf projection): (alpha/r) * B @ A} in float32 on `device`, from a PEFT adapter directory. On the
+    GPU: the H200 run computed them on the CPU, 8-11 s per 7B adapter (gpu_lora_eval_h200.json, merge_s)."""
     import torch
     from safetensors.torch import load_file
 
@@ -43,7 +44,7 @@ def lora_deltas(adapter_dir: str | Path) -> dict[tuple[int, str], object]:
     r, alpha = cfg["r"], cfg["lora_alpha"]
     scale = alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
     parts: dict[tuple[int, str], dict[str, object]] = {}
-    for name, tensor in load_file(adapter_dir / "adapter_model.safetensors").items():
+    for name, tensor in load_file(adapter_dir / "adapter_model.safetensors", device=str(device)).items():
         m = _KEY.search(name)
         if m is None:
             raise MergeUnsupported(f"adapter weight {name} is not on a decoder projection")

@@ -1,0 +1,64 @@
+"""A GPU job's memory against the GPU types a config allows, checked by `eps-screen validate` before renting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from eps_screen.config import load_config, parse_config
+from eps_screen.gpu_memory import memory_plan, memory_problems, model_params
+from tests.conftest import CONFIGS
+
+
+def _qwen(**sections):
+    data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return parse_config(data)
+
+
+def test_shipped_qwen7b_fits_its_gpu_types():
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    assert memory_problems(config) == []
+    plan = memory_plan(config)
+    assert 50 < plan.train_peak_gib < 80 and plan.eval_min_gib < 80  # the 7B cell itself fits an 80 GB card
+    assert plan.offpolicy_min_gib > 80  # the 32B off-policy model beside it does not
+
+
+def test_each_gpu_type_that_a_stage_would_not_fit_is_named_with_its_fix():
+    eighty = ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]
+    problems = memory_problems(_qwen(execution={"gpu_types": eighty}))
+    assert len(problems) == 1 and "off-policy answers" in problems[0] and "'NVIDIA A100-SXM4-80GB'" in problems[0]
+    assert problems[0].startswith("execution.gpu_types:") and "off_policy.kind: jsonl" in problems[0]
+    jsonl = {"kind": "jsonl", "path": "answers.jsonl"}
+    assert memory_problems(_qwen(execution={"gpu_types": eighty}, off_policy=jsonl)) == []
+    # without micro-batches a long cell's SFT peaks near 89 GB: fine on the H200, not on an 80 GB card
+    unbatched = _qwen(execution={"gpu_types": eighty}, off_policy=jsonl, training={"max_batch_tokens": None})
+    assert [p for p in memory_problems(unbatched) if "training needs" in p and "max_batch_tokens" in p]
+    assert not memory_problems(_qwen(execution={"gpu_types": ["NVIDIA H200"]}, off_policy=jsonl,
+                                     training={"max_batch_tokens": None}))
+    unknown = memory_problems(_qwen(execution={"gpu_types": ["NVIDIA H9000"]}))
+    assert unknown and "'NVIDIA H9000' has no known memory size" in unknown[0]
+
+
+def test_parameters_from_a_local_config_or_the_name(tmp_path):
+    from eps_screen.tinymodel import tiny_model_path
+
+    assert model_params("Qwen/Qwen2.5-7B-Instruct") == 7e9
+    tiny = model_params(str(tiny_model_path("tiny")))
+    assert tiny is not None and 1e5 < tiny < 5e6
+
+
+def test_validate_refuses_a_plan_that_does_not_fit(tmp_path):
+    data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
+    data["execution"]["gpu_types"] = ["NVIDIA A100 80GB PCIe"]
+    path = tmp_path / "qwen7b-a100.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "error: execution.gpu_types: off-policy answers needs" in out.stderr
+    ok = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(CONFIGS / "qwen7b.yaml")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and "GPU memory: training" in ok.stdout
