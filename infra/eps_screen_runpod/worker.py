@@ -150,11 +150,11 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         except Exception as exc:  # a bug or a dead Prefect API: never keep paying for the pod
             outcome = Outcome("crash", f"RunPod worker lost track of pod {pod.pod_id}: {type(exc).__name__}: {exc}")
         with anyio.CancelScope(shield=True):
-            if outcome.kind == "crash":  # recorded before the pod is touched: see the module docstring
-                await self._record_kill(flow_run, outcome, logger)
+            killed = outcome.kind == "crash" and await self._record_kill(flow_run, outcome, logger)  # before the pod
             await self._terminate(pod, logger, outcome, flow_run.id)
             if outcome.kind == "crash":
-                await self._crash_again_if_moved(flow_run, outcome, logger)
+                if killed:
+                    await self._crash_again_if_moved(flow_run, outcome, logger)
                 return RunPodWorkerResult(identifier=pod.infrastructure_pid, status_code=CRASHED_BY_WORKER)
             if outcome.kind == "cancel" and outcome.flow_run is not None:
                 await self._mark_flow_run_as_cancelled(outcome.flow_run, {"message": outcome.message})
@@ -219,12 +219,13 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                                         " (kill criterion 5)")
             await anyio.sleep(interval)
 
-    async def _record_kill(self, flow_run: FlowRun, outcome: Outcome, logger: Any) -> None:
+    async def _record_kill(self, flow_run: FlowRun, outcome: Outcome, logger: Any) -> bool:
         """Label the run as killed by the infrastructure and set it Crashed, before its pod is terminated: a write
-        from the dying process then lands on a run dispatch already knows to resubmit."""
+        from the dying process then lands on a run dispatch already knows to resubmit. False when the run ended by
+        itself meanwhile: its own state stands (the pod goes anyway)."""
         current = await self._read_flow_run(flow_run.id, logger)
         if current is not None and current.state is not None and current.state.is_final():
-            return  # it ended by itself meanwhile: its own state stands; the pod goes anyway
+            return False
         labels: dict[str, Any] = {marks.KILLED_BY: f"{marks.WORKER}: {outcome.message[:150]}"}
         if outcome.gate is not None:
             labels[marks.GATE6 if outcome.gate.number == 6 else f"eps-screen.gate{outcome.gate.number}"] = (
@@ -232,6 +233,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         await self._label(flow_run.id, labels, logger)
         outcome.message = marks.CRASH_PREFIX + outcome.message
         await self._propose_crashed_state(flow_run, outcome.message)
+        return True
 
     async def _crash_again_if_moved(self, flow_run: FlowRun, outcome: Outcome, logger: Any) -> None:
         """After the pod is gone: a run its dying process moved off Crashed (Running, or Failed by the flow) is
