@@ -236,6 +236,14 @@ def test_container_exit_without_final_state_crashes(fake: FakeRunPod):
     assert fake.live_pods() == []
 
 
+def test_a_container_that_exits_0_without_its_work_crashes_the_run(fake: FakeRunPod):
+    fake.faults.exit_zero_pods = {0}  # exit code 0 is not success: the flow run never ran
+    _, result, state, _, _ = run_one("complete")
+    assert [e["exit_code"] for e in fake.events_of("exited")] == [0]
+    assert result.status_code != 0 and state.is_crashed() and "container exited" in state.message
+    assert fake.live_pods() == []
+
+
 def test_bootstrap_silence_crashes_and_terminates(fake: FakeRunPod):
     fake.faults.silent_pods = {0}
     _, result, state, _, elapsed = run_one(bootstrap_timeout_s=2)

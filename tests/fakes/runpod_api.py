@@ -11,6 +11,7 @@ shows EXITED. Faults, chosen per pod by a seeded RNG or forced by creation index
 
 - vanish:  some seconds after RUNNING the process group is killed and the pod leaves the inventory;
 - silent:  the pod reaches RUNNING but the command never starts (a bootstrap that never reports);
+- exit0:   the pod reaches RUNNING and its container exits 0 at once, without running its command (work not done);
 - slow start: a long CREATED phase;
 - no capacity: for chosen (account, GPU type, cloud) patterns, or a share of all deploy requests;
 - HTTP errors: the next N requests answered 429 / 5xx;
@@ -110,6 +111,7 @@ class Faults:
     start_delay_s: tuple[float, float] = (0.1, 0.3)
     vanish_pods: set[int] = field(default_factory=set)  # creation indices (0-based) forced to vanish
     silent_pods: set[int] = field(default_factory=set)
+    exit_zero_pods: set[int] = field(default_factory=set)  # creation indices whose container exits 0 without work
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses for the next requests, in order
 
 
@@ -126,7 +128,7 @@ class FakePod:
     docker_args: str
     env: dict[str, str]
     cost_per_hr: float
-    fate: str  # normal | vanish | silent
+    fate: str  # normal | vanish | silent | exit0
     start_delay_s: float
     vanish_after_s: float
     created_at: float = field(default_factory=time.time)
@@ -249,7 +251,7 @@ class FakeRunPod:
         env.update(self.image_env)
         env.update(pod.env)
         pod.log_path = str(self.log_dir / f"pod-{pod.id}.log")
-        args = shlex.split(pod.docker_args) if pod.docker_args else ["true"]
+        args = shlex.split(pod.docker_args) if pod.docker_args and pod.fate != "exit0" else ["true"]
         # The real command writes its script to /tmp; give each fake pod its own /tmp-like path instead.
         args = [a.replace("/tmp/", f"{home}/") for a in args]
         with open(pod.log_path, "ab") as log:
@@ -286,7 +288,8 @@ class FakeRunPod:
             self._created += 1
             roll = self._rng.random()
             fate = ("vanish" if index in f.vanish_pods or (roll < f.vanish_rate and index not in f.silent_pods)
-                    else "silent" if index in f.silent_pods or roll < f.vanish_rate + f.silent_rate else "normal")
+                    else "silent" if index in f.silent_pods or roll < f.vanish_rate + f.silent_rate
+                    else "exit0" if index in f.exit_zero_pods else "normal")
             gpu = self.gpus[gpu_type]
             price = gpu["securePrice" if cloud != "COMMUNITY" else "communityPrice"] * (inp.get("gpuCount") or 1)
             pod = FakePod(
