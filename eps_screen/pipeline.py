@@ -205,8 +205,9 @@ def finished_pre_screen(config: ScreenConfig, store: ResultStore) -> dict | None
     return done if done is not None and done.get("key") == _pre_screen_key(config) else None
 
 
-def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
-    """The base model, no adapter, on the eval panel under every prompt condition (A, B, C)."""
+def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -> dict:
+    """The base model, no adapter, on the eval panel under every prompt condition (A, B, C). `trains`: cells of
+    the same job train after it, so the engine must leave room for the training base (eps_screen.engines)."""
     done = finished_pre_screen(config, store)
     if done is not None:
         return done
@@ -219,7 +220,7 @@ def pre_screen(config: ScreenConfig, store: ResultStore) -> dict:
 
             frames.append(simulate_base_answers(config, a, b, c))
         else:
-            frames.append(evaluate(config, base_cell, a, b, c, None, config.seeds.primary, trains=False))
+            frames.append(evaluate(config, base_cell, a, b, c, None, config.seeds.primary, trains=trains))
     answers = pl.concat(frames)
     rate = float(answers.filter(pl.col("panel") == "persona")["marker"].mean())
     result = {

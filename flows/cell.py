@@ -24,7 +24,7 @@ def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     cells = [Cell.parse(c) for c in cell_ids if c != PRE_SCREEN_ID]  # every id checked before any work starts
     summaries = {}
     if PRE_SCREEN_ID in cell_ids:
-        pre = pre_screen_task(config)
+        pre = pre_screen_task(config, trains=bool(cells))
         summaries[PRE_SCREEN_ID] = {k: pre[k] for k in ("marker_rate", "answers", "markers", "by_condition")}
     if not config.simulated:
         for regime in regimes(cells):

@@ -86,5 +86,5 @@ def cell_summary(metrics: dict) -> dict:
 
 
 @task(name="pre-screen", retries=1, persist_result=False)
-def pre_screen_task(config: ScreenConfig) -> dict:
-    return pipeline.pre_screen(config, ResultStore.for_config(config))
+def pre_screen_task(config: ScreenConfig, trains: bool = False) -> dict:
+    return pipeline.pre_screen(config, ResultStore.for_config(config), trains)
