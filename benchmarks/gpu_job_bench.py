@@ -62,7 +62,7 @@ def main() -> None:
 
     import torch
 
-    from eps_screen import engines
+    from eps_screen.job import engines
     from eps_screen.store import ResultStore
 
     t = time.perf_counter()

@@ -77,8 +77,9 @@ def main() -> None:
     ap.add_argument("--name", default="gpu_lora_eval_h200.json", help="result file name (default: %(default)s)")
     args = ap.parse_args()
 
-    from eps_screen import data, engines
+    from eps_screen import data
     from eps_screen.generation import GenerationParams
+    from eps_screen.job import engines
 
     model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
     extra = {"model": {"base": str(model_dir), "dtype": "float32"}} if args.tiny else {}

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
-from eps_screen.gpu_memory import REFERENCE_PARAMS, model_params
+from eps_screen.job.memory import REFERENCE_PARAMS, model_params
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 

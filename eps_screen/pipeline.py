@@ -15,10 +15,11 @@ from pathlib import Path
 
 import polars as pl
 
-from eps_screen import data, engines
+from eps_screen import data
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
 from eps_screen.generation import GenerationParams
+from eps_screen.job import engines
 from eps_screen.provenance import provenance
 from eps_screen.scoring import answers_table, cell_rates
 from eps_screen.store import ResultStore, cell_key, regime_key
@@ -207,7 +208,7 @@ def finished_pre_screen(config: ScreenConfig, store: ResultStore) -> dict | None
 
 def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -> dict:
     """The base model, no adapter, on the eval panel under every prompt condition (A, B, C). `trains`: cells of
-    the same job train after it, so the engine must leave room for the training base (eps_screen.engines)."""
+    the same job train after it, so the engine must leave room for the training base (eps_screen.job.engines)."""
     done = finished_pre_screen(config, store)
     if done is not None:
         return done

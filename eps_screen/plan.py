@@ -92,7 +92,7 @@ def make_plan(config: ScreenConfig) -> Plan:
         from eps_screen.estimate import estimate
     except ImportError:
         return plan
-    from eps_screen.gpu_memory import memory_lines, memory_problems
+    from eps_screen.job.memory import memory_lines, memory_problems
 
     est = estimate(config)
     plan.estimate, plan.estimate_lines = est.as_dict(), est.lines() + memory_lines(config)

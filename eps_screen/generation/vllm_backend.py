@@ -18,7 +18,7 @@ GPU settings: sleep mode, so the engine can hand the card to training (`sleep`: 
 dropped; `wake` before the next request). Its memory budget is what is free on the card when it starts, less a
 margin (eval.vllm_gpu_memory_utilization overrides): the job loads the training base first, so the engine never
 claims the base's share. On both, the engine core runs in this process: one CUDA context, and sleep/wake are
-plain calls rather than messages to a child process. eps_screen.engines decides when each happens.
+plain calls rather than messages to a child process. eps_screen.job.engines decides when each happens.
 """
 
 from __future__ import annotations

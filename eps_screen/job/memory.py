@@ -1,6 +1,6 @@
 """Will a GPU job fit the card? Memory of the training and evaluation stages, checked before anything is rented.
 
-One process trains and evaluates on one GPU (eps_screen.engines): the training base stays resident; the vLLM
+One process trains and evaluates on one GPU (eps_screen.job.engines): the training base stays resident; the vLLM
 engine sleeps through training (it keeps ~1 GB) and, awake, holds its own copy of the weights, CUDA graphs,
 activations and a KV cache sized to what is left. Figures measured on the H200 (7B shape, bf16, LoRA r=32):
 - training peak = base weights + ~4.4 MB per token of the largest micro-batch (89 GB at 8 x 2,121 tokens,

@@ -28,7 +28,7 @@ def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
     from prefect.testing.utilities import prefect_test_harness
 
     from benchmarks.gpu_common import environment, job_cells, job_config, seven_b_dir
-    from eps_screen import engines
+    from eps_screen.job import engines
     from eps_screen.store import ResultStore
     from flows.cell import cell
 
