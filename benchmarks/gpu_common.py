@@ -81,6 +81,28 @@ def seven_b_dir(path: Path, tiny: bool = False) -> Path:
     return path
 
 
+def random_adapter(base, out_dir: Path, rank: int = 8, alpha: float = 16, std: float = 0.2, seed: int = 0) -> str:
+    """A LoRA adapter shaped like train_lora's (all linear layers) with random non-zero B, saved by PEFT: its
+    answers differ from the base model's, which is all a speed or routing check needs (training one takes longer).
+    The base (eps_screen.models.BaseModel) is left as it was."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(base.model, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
+                                                  task_type="CAUSAL_LM"))
+    try:
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=std)
+        model.save_pretrained(out_dir)
+    finally:
+        model.unload()
+        if base.model.__dict__.get("peft_config") is not None:
+            del base.model.peft_config
+    return str(out_dir)
+
+
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -23,28 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import environment, job_config, out_dir, seven_b_dir, write  # noqa: E402
+from gpu_common import environment, job_config, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
 
 RUNS = ("A0:warmup", "A0:lora", "A0:merged", "A0:none", "A1:lora", "A1:merged", "A1:none")
-
-
-def random_adapter(base, rank: int, alpha: float, path: Path) -> str:
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(0)
-    model = get_peft_model(base.model, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
-                                                  task_type="CAUSAL_LM"))
-    try:
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
-        model.save_pretrained(path)
-    finally:
-        model.unload()
-        if base.model.__dict__.get("peft_config") is not None:
-            del base.model.peft_config
-    return str(path)
 
 
 def first_token_logprobs(engine, prompts, adapter, merged: bool):
@@ -86,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = job_config(model_dir, Path(tmp) / "store", engine_cache=Path(args.engine_cache), **extra)
         base = engines.training_base(config)
-        adapter = random_adapter(base, config.lora.rank, config.lora.alpha, Path(tmp) / "adapter")
+        adapter = random_adapter(base, Path(tmp) / "adapter", config.lora.rank, config.lora.alpha, std=0.02)
         t = time.perf_counter()
         engine = engines.generator(config, config.model.base, trains=True)
         result = {"environment": {**environment(), "VLLM_LORA_ENABLE_DUAL_STREAM": os.environ.get("VLLM_LORA_ENABLE_DUAL_STREAM")},

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from benchmarks.gpu_common import random_adapter  # noqa: E402
 from eps_screen.config import parse_config  # noqa: E402
 from eps_screen.generation import GenerationParams, Prompt, make_generator  # noqa: E402
 from eps_screen.generation.vllm_backend import lora_rank_slot, request_seed  # noqa: E402
@@ -29,26 +30,6 @@ def _config():
                          "backend": {"generation": "vllm"}})
 
 
-def _random_adapter(base, out_dir, seed: int) -> str:
-    """A LoRA adapter shaped like train_lora's (rank 8, all linear layers) with random non-zero B: its greedy
-    answers differ from the base model's, which is all these tests need (training one takes longer)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = get_peft_model(base.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
-    try:
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.2)
-        model.save_pretrained(out_dir)
-    finally:
-        model.unload()
-        if base.model.__dict__.get("peft_config") is not None:
-            del base.model.peft_config
-    return str(out_dir)
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from eps_screen.models import load_base
@@ -56,7 +37,7 @@ def setup(tmp_path_factory):
     config = _config()
     base = load_base("tiny", "float32")
     root = tmp_path_factory.mktemp("adapters")
-    adapters = [_random_adapter(base, root / f"a{i}", seed=i) for i in range(3)]
+    adapters = [random_adapter(base, root / f"a{i}", seed=i) for i in range(3)]
     engine = make_generator("vllm", "tiny", config)
     yield config, base, adapters, engine
     engine.close()

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from benchmarks.gpu_common import random_adapter  # noqa: E402
 from eps_screen.generation.vllm_merge import MergeUnsupported, load_weights, lora_deltas  # noqa: E402
 
 
@@ -44,16 +45,13 @@ class _FusedEngine:
         return {k: v.clone() for k, v in self.model.state_dict().items()}
 
 
-def _adapter(base, out_dir, seed=0):
-    from peft import LoraConfig, get_peft_model
+def _adapter(base, out_dir):
+    """A random adapter, and the weights PEFT's own merge makes of it (the base is left as it was)."""
+    from peft import PeftModel
 
-    torch.manual_seed(seed)
-    model = get_peft_model(base.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    random_adapter(base, out_dir)
+    model = PeftModel.from_pretrained(base.model, out_dir)
     try:
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.2)
-        model.save_pretrained(out_dir)
         merged = {n: p.detach().clone() for n, p in model.merge_and_unload(progressbar=False, safe_merge=True).named_parameters()}
     finally:
         if base.model.__dict__.get("peft_config") is not None:
