@@ -369,6 +369,11 @@ def estimate(config: ScreenConfig) -> Estimate:
         f" {TOKENS_PER_WORD} tokens per word of the long system prompt"
     )
     cost = 0.0 if tiny else gpu_hours * config.execution.gpu_hourly_usd
+    unmeasured = [g for g in config.execution.gpu_types if g != "NVIDIA H200"]
+    if not tiny and unmeasured and config.execution.pool != "inprocess":
+        notes.append(f"execution.gpu_types also allows {', '.join(unmeasured)}: only the H200 was measured, so hours"
+                     f" and cost (${config.execution.gpu_hourly_usd}/h, execution.gpu_hourly_usd) assume H200 speed;"
+                     " an A100 or H100 takes longer (less memory bandwidth, and the A100 less compute)")
     return Estimate(
         gpu_hours=gpu_hours,
         cost_usd=cost,

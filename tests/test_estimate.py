@@ -131,3 +131,11 @@ def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
     est = estimate(jsonl)  # with off-policy answers from a file every throughput figure is a measured one
     assert est.gpu_hours <= 10, est.summary
     assert not any("not measured" in n for n in est.notes)
+
+
+def test_gpu_types_without_a_measurement_are_named():
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    assert not any("only the H200 was measured" in n for n in estimate(config).notes)  # qwen7b allows the H200 only
+    wider = _execution(config, gpu_types=["NVIDIA H200", "NVIDIA A100-SXM4-80GB"])
+    note = [n for n in estimate(wider).notes if "only the H200 was measured" in n]
+    assert note and "NVIDIA A100-SXM4-80GB" in note[0] and "execution.gpu_hourly_usd" in note[0]
