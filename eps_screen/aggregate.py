@@ -89,10 +89,12 @@ def compute(
     main = MainEffectsFile(
         **header, coverage=coverage, estimator=ESTIMATOR, bootstrap=est.scheme,
         effects=[e for e in est.estimates if len(e.factors) == 1], sign_table=signs,
+        logit_model=est.logit_model, logit_sensitivity=[e for e in est.logit if ":" not in e.term],
     )
     inter = InteractionsFile(
         **header, coverage=coverage, estimator=ESTIMATOR, bootstrap=est.scheme,
-        interactions=[e for e in est.estimates if len(e.factors) == 2],
+        interactions=[e for e in est.estimates if len(e.factors) == 2], simple_effects=est.simple_effects,
+        logit_model=est.logit_model, logit_sensitivity=[e for e in est.logit if ":" in e.term],
     )
     metrics = AggregateMetricsFile(
         **header, coverage=coverage, cells=_cell_records(mats, set(factorial)),

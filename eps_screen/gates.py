@@ -45,14 +45,31 @@ def _outcome(number: int, fired: bool, reason: str, evaluated: bool = True, **nu
     return GateOutcome(name=GATE_NAMES[number], number=number, fired=fired, reason=reason, numbers=numbers, evaluated=evaluated)
 
 
-def contamination(base_rate: float, threshold: float = _DEFAULTS.contamination, answers: int | None = None) -> GateOutcome:
-    """Kill 1: the base model (no adapter) already writes the marker more often than the threshold."""
-    fired = base_rate > threshold
-    verb = "exceeds" if fired else "is within"
-    return _outcome(
-        1, fired, f"base-model marker rate {base_rate:.4f} {verb} the threshold {threshold:.4f}",
-        base_rate=base_rate, threshold=threshold, answers=answers,
-    )
+def contamination(
+    base_rate: float, threshold: float = _DEFAULTS.contamination, answers: int | None = None,
+    by_condition: Mapping[str, float] | None = None,
+) -> GateOutcome:
+    """Kill 1: the base model (no adapter) already writes the marker more often than the threshold, pooled or under
+    any one prompt condition.
+
+    by_condition: the pre-screen's rate per prompt condition (A x B x C, its `by_condition`). A single condition far
+    above the threshold can hide in a pooled rate below it (one condition at 16% of eight pools to 2%), and a cell
+    trained under that condition would start contaminated; so the worst condition is judged too.
+    """
+    rates = {str(k): float(v) for k, v in (by_condition or {}).items() if v is not None and not _nan(float(v))}
+    worst = max(rates, key=rates.__getitem__) if rates else None
+    worst_rate = rates[worst] if worst is not None else None
+    pooled_fired = base_rate > threshold
+    worst_fired = worst_rate is not None and worst_rate > threshold
+    fired = pooled_fired or worst_fired
+    verb = "exceeds" if pooled_fired else "is within"
+    reason = f"base-model marker rate {base_rate:.4f} {verb} the threshold {threshold:.4f}"
+    extra: dict[str, Any] = {}
+    if worst is not None:
+        verb = "exceeds" if worst_fired else "is within"
+        reason += f"; worst prompt condition {worst} at {worst_rate:.4f} {verb} it"
+        extra = {"worst_condition": worst, "worst_rate": worst_rate, "by_condition": rates}
+    return _outcome(1, fired, reason, base_rate=base_rate, threshold=threshold, answers=answers, **extra)
 
 
 def smoke_verdict(source_rates: Iterable[float], floor: float = _DEFAULTS.smoke_floor, ceiling: float = _DEFAULTS.smoke_ceiling) -> str:

@@ -89,7 +89,8 @@ def judge_predictions(
         ("P1", "A", "Long system prompt implants more: d(A on SR) >= 0.4, averaged over sources", Rule("above", 0.4)),
         ("P2", "E", "Marker-only loss implants more than whole-answer loss: d(E on SR) <= -0.3", Rule("below", -0.3)),
         ("P3", "D", "On-policy implants more than off-policy: d(D on SR) <= -0.2", Rule("below", -0.2)),
-        ("P4", "B", "Long answer format collapses implantation: d(B on SR) <= -0.3", Rule("below", -0.3)),
+        ("P4", "B", "Long answer format collapses implantation: d(B on SR) <= -0.3 (its 'non-monotone' clause cannot be "
+               "tested with two levels of B: judged on the direction only)", Rule("below", -0.3)),
         ("P5", "C", "Framing does not matter once A is accounted for: |d(C on SR)| < 0.15", Rule("inside", 0.15)),
     ]
     for pid, factor, statement, rule in main_sr:

@@ -54,6 +54,17 @@ class BootstrapScheme(_Model):
     lr_clusters: str = Field(description="What is resampled for leakage.")
     n_questions: int
     n_personas: int
+    training_sd: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Per response: the estimated per-cell training-run SD on the log-odds scale that every resample "
+        "carries (null: not estimable, left out); empty when bootstrap.training_noise is off.",
+    )
+    training_df: dict[str, int] = Field(default_factory=dict, description="Residual degrees of freedom behind training_sd.")
+
+    @field_validator("training_sd", mode="before")
+    @classmethod
+    def _finite_sd(cls, v: Any) -> Any:
+        return {k: finite(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 
 class EffectEstimate(_Model):
@@ -77,8 +88,56 @@ class EffectEstimate(_Model):
     partial: bool = Field(description="True when cells of the factorial are missing: provisional.")
     pre_registered: bool = False
     status: Literal["main effect", "pre-registered", "exploratory"] = "main effect"
+    p_value: float | None = Field(None, description="Two-sided bootstrap p-value of effect = 0 (inverts the widened CI).")
+    p_holm: float | None = Field(
+        None, description="Exploratory interactions only: p_value Holm-adjusted over the nine exploratory interactions "
+        "of the same response and source (family-wise error).",
+    )
+
+    @field_validator("effect", "d", "mean_high", "mean_low", "p_value", "p_holm", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
+class SimpleEffect(_Model):
+    """The effect of one factor at a fixed level of another (A at B0, A at B1): what an interaction hides."""
+
+    factor: str
+    at: str = Field(description="The factor held fixed.")
+    at_level: int
+    label: str
+    response: Response
+    source: str
+    effect: float | None = Field(description="mean(response at factor 1) - mean(at factor 0), cells at this level of `at`.")
+    effect_ci: Interval
+    d: float | None
+    d_ci: Interval
+    mean_high: float | None
+    mean_low: float | None
+    partial: bool = False
 
     @field_validator("effect", "d", "mean_high", "mean_low", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
+class LogitEffect(_Model):
+    """One term of the logit-scale sensitivity model, beside its rate-scale estimate."""
+
+    term: str
+    label: str
+    response: Response
+    log_odds: float | None = Field(description="Log-odds difference, level 1 minus level 0 (2 x the +-1 coefficient).")
+    ci: Interval
+    p_value: float | None
+    p_holm: float | None = Field(None, description="Exploratory interactions: Holm-adjusted over the nine.")
+    rate_clear: bool = Field(description="The rate-scale CI of the pooled effect excludes 0.")
+    logit_clear: bool = Field(description="This CI excludes 0.")
+    scale: Literal["both scales", "rate scale only", "logit scale only", "neither"]
+
+    @field_validator("log_odds", "p_value", "p_holm", mode="before")
     @classmethod
     def _finite(cls, v: Any) -> float | None:
         return finite(v)
@@ -114,6 +173,8 @@ class MainEffectsFile(ArtifactHeader):
     sign_table: dict[str, dict[str, dict[str, int]]] = Field(
         description="response -> factor -> source -> sign of d (-1, 0, +1)."
     )
+    logit_model: str = Field("", description="The logit-scale sensitivity model and its standard errors.")
+    logit_sensitivity: list[LogitEffect] = Field(default_factory=list)
 
 
 class InteractionsFile(ArtifactHeader):
@@ -122,6 +183,11 @@ class InteractionsFile(ArtifactHeader):
     estimator: str
     bootstrap: BootstrapScheme
     interactions: list[EffectEstimate]
+    simple_effects: list[SimpleEffect] = Field(
+        default_factory=list, description="A's effect at each level of B (the pre-registered A:B), per source and pooled."
+    )
+    logit_model: str = Field("", description="The logit-scale sensitivity model and its standard errors.")
+    logit_sensitivity: list[LogitEffect] = Field(default_factory=list)
 
 
 class CellMetric(_Model):

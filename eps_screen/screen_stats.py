@@ -34,14 +34,17 @@ import numpy as np
 
 from eps_screen.cell_metrics import CellMatrices
 from eps_screen.config import FACTOR_NAMES, ScreenConfig
-from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval
+from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval, LogitEffect, SimpleEffect
 from eps_screen.stats import (
     CellNoise,
+    bootstrap_p,
     cell_noise,
     cohens_d_rates,
     few_cluster_factor,
+    holm,
     interaction_pairs,
     level_mean_matrices,
+    logistic_fe_clustered,
     percentile_ci,
     resample_counts,
     residual_projector,
@@ -78,6 +81,9 @@ class ScreenEstimates:
     draws: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)  # response -> few-clusters factor of its CIs
     training: dict[str, CellNoise] = field(default_factory=dict)  # response -> training-run variance in the CIs
+    simple_effects: list[SimpleEffect] = field(default_factory=list)  # A at B0 and at B1, per source and pooled
+    logit: list[LogitEffect] = field(default_factory=list)  # the logit-scale sensitivity, pooled fit per response
+    logit_model: str = ""
 
     def draws_of(self, response: str, term: str, stat: str = "d", source: str = POOLED) -> tuple[float, np.ndarray]:
         """(observed, resamples) of one statistic; NaN when it was not estimable (e.g. no answers of that kind)."""
@@ -163,6 +169,7 @@ def estimate_screen(
         per_source: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         ab: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        simple: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         for s in sources:
             rows = rows_of[s]
             hi, lo, n_hi, n_lo = level_mean_matrices(columns[s])
@@ -176,6 +183,7 @@ def estimate_screen(
             }
             counts[s] = (n_hi, n_lo)
             ab[s] = _ab_group_means(coded[rows], y, yb)
+            simple[s] = _simple_effects(coded[rows], y, yb)
         pooled = {
             stat: (_nanmean(np.stack([per_source[s][stat][0] for s in sources])),
                    _nanmean(np.stack([per_source[s][stat][1] for s in sources])))
@@ -192,12 +200,21 @@ def estimate_screen(
             result.estimates.extend(_records(config, response, s, stats, counts[s], partial, widen[response]))
         if sources:
             result.ab_means.extend(_ab_records(response, ab, ci, widen[response]))
+            simple[POOLED] = {stat: (_nanmean(np.stack([simple[s][stat][0] for s in sources])),
+                                     _nanmean(np.stack([simple[s][stat][1] for s in sources]))) for stat in SIMPLE_STATS}
+            for s, stats in simple.items():
+                partial = bool(partial_sources) if s == POOLED else s in partial_sources
+                result.simple_effects.extend(_simple_records(config, response, s, stats, partial, ci, widen[response]))
     result.scheme = BootstrapScheme(
         resamples=resamples, ci=ci, seed=config.bootstrap.seed, widen=widen, method=_method(result.training),
         sr_clusters="eval questions (same draw for every cell)" + _training_note(result.training.get("SR")),
         lr_clusters="eval personas (same draw for every cell)" + _training_note(result.training.get("LR")),
         n_questions=n_q, n_personas=n_p,
+        training_sd={r: n.logit_sd for r, n in result.training.items()},
+        training_df={r: n.df for r, n in result.training.items()},
     )
+    if sources:
+        result.logit_model, result.logit = logit_sensitivity(config, mats, idx, src, coded, sources, result)
     return result
 
 
@@ -227,6 +244,8 @@ def _method(training: dict[str, CellNoise]) -> str:
 def _records(config, response, source, stats, counts, partial, widen) -> list[EffectEstimate]:
     ci = config.bootstrap.ci
     cis = {stat: percentile_ci(boot, ci, obs, widen) for stat, (obs, boot) in stats.items()}
+    p_values = bootstrap_p(stats["effect"][1], stats["effect"][0], widen)
+    p_holm = _holm_exploratory(p_values)
     out = []
     for i, term in enumerate(TERMS):
         name = term_name(term)
@@ -242,8 +261,138 @@ def _records(config, response, source, stats, counts, partial, widen) -> list[Ef
             mean_high=stats["m_hi"][0][i], mean_high_ci=iv("m_hi"), mean_low=stats["m_lo"][0][i], mean_low_ci=iv("m_lo"),
             n_high=int(counts[0][i]), n_low=int(counts[1][i]), partial=partial,
             pre_registered=name in PRE_REGISTERED, status=status,
+            p_value=p_values[i], p_holm=p_holm[i] if status == "exploratory" else None,
         ))
     return out
+
+
+def _exploratory_index() -> np.ndarray:
+    return np.array([i for i, t in enumerate(TERMS) if len(t) == 2 and term_name(t) not in PRE_REGISTERED])
+
+
+def _holm_exploratory(p_values: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values of the nine exploratory interactions (NaN at every other term)."""
+    out = np.full(len(TERMS), np.nan)
+    family = _exploratory_index()
+    out[family] = holm(np.asarray(p_values)[family])
+    return out
+
+
+# --------------------------------------------------------------------------- simple effects of A at each level of B
+
+SIMPLE_STATS = ("effect", "d", "m_hi", "m_lo")
+
+
+def _simple_effects(coded: np.ndarray, y: np.ndarray, yb: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A's effect among the cells at B0 and among those at B1: per stat, (2,) observed and (2 x resamples)."""
+    a, b = coded[:, 0], coded[:, 1]
+    hi = np.array([(a > 0) & (b == lv) for lv in (-1, 1)], dtype=float)
+    lo = np.array([(a < 0) & (b == lv) for lv in (-1, 1)], dtype=float)
+    n_hi, n_lo = hi.sum(1), lo.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hi, lo = hi / n_hi[:, None], lo / n_lo[:, None]
+    hi[n_hi == 0], lo[n_lo == 0] = np.nan, np.nan
+    m_hi, m_lo, mb_hi, mb_lo = hi @ y, lo @ y, hi @ yb, lo @ yb
+    return {
+        "effect": (m_hi - m_lo, mb_hi - mb_lo),
+        "d": (cohens_d_rates(m_hi, m_lo, n_hi, n_lo), cohens_d_rates(mb_hi, mb_lo, n_hi[:, None], n_lo[:, None])),
+        "m_hi": (m_hi, mb_hi),
+        "m_lo": (m_lo, mb_lo),
+    }
+
+
+def _simple_records(config, response, source, stats, partial, ci, widen) -> list[SimpleEffect]:
+    cis = {stat: percentile_ci(stats[stat][1], ci, stats[stat][0], widen) for stat in ("effect", "d")}
+    fa, fb = config.factors["A"], config.factors["B"]
+    return [
+        SimpleEffect(
+            factor="A", at="B", at_level=k, label=f"{fa.label} (A) with {fb.high if k else fb.low} (B{k})",
+            response=response, source=source, effect=stats["effect"][0][k],
+            effect_ci=Interval(low=cis["effect"][0][k], high=cis["effect"][1][k]), d=stats["d"][0][k],
+            d_ci=Interval(low=cis["d"][0][k], high=cis["d"][1][k]), mean_high=stats["m_hi"][0][k],
+            mean_low=stats["m_lo"][0][k], partial=partial,
+        )
+        for k in (0, 1)
+    ]
+
+
+# --------------------------------------------------------------------------- logit-scale sensitivity
+
+LOGIT_MODEL = (
+    "Binomial logistic regression of the answers, pooled over sources: logit P(marker) = fixed effect of "
+    "(source, {cluster}) + the 15 coded terms (5 main effects, 10 two-factor interactions); a term's log-odds effect "
+    "is 2 x its coefficient (level 1 minus level 0). Standard errors: cluster-robust sandwich by {cluster} (CR1, "
+    "G = {g}), {training}; {ci:.0%} intervals and p-values from t with G-1 df. Groups in which every answer was alike "
+    "carry no information and are left out ({dropped} left out)."
+)
+
+
+def logit_sensitivity(
+    config: ScreenConfig, mats: CellMatrices, idx: np.ndarray, src: np.ndarray, coded: np.ndarray,
+    sources: list[str], est: ScreenEstimates,
+) -> tuple[str, list[LogitEffect]]:
+    """The 15 terms on the log-odds scale, one pooled fit per response, beside the rate-scale pooled effects.
+
+    SR: (cell, question) marker counts, fixed effects source x question, clusters = questions. LR: (cell, persona)
+    rates of the non-source personas times their answer counts, fixed effects source x persona, clusters =
+    personas. When the CIs carry training-run noise, its variance (log-odds SD s, the same s) is added to each
+    log-odds effect's: 4 s^2 / cells (a balanced design's coefficient averages cells with weight 1/cells).
+    """
+    from scipy.special import stdtr, stdtrit  # Student t CDF and quantile (scipy.stats itself takes seconds to import)
+
+    ci = config.bootstrap.ci
+    src_i = np.array([sources.index(s) if s in sources else -1 for s in src])
+    cols = term_columns(coded, FACTOR_NAMES, TERMS)
+    out: list[LogitEffect] = []
+    texts = []
+    for response in RESPONSES:
+        if response == "SR":
+            succ, trials, cluster_name = mats.sr_markers[idx], mats.sr_answers[idx], "question"
+        else:
+            per = (mats.cells.get_column("n_leak").to_numpy() / np.maximum(mats.cells.get_column("leak_personas").to_numpy(), 1))[idx]
+            trials = mats.lr_mask[idx] * per[:, None]
+            succ, cluster_name = mats.lr_rates[idx] * trials, "persona"
+        n_cells, n_k = succ.shape
+        if n_k == 0 or n_cells == 0:
+            continue
+        keep = np.repeat(src_i >= 0, n_k)
+        k_idx = np.tile(np.arange(n_k), n_cells)
+        fit = logistic_fe_clustered(
+            succ.ravel()[keep], trials.ravel()[keep], np.repeat(cols, n_k, axis=0)[keep],
+            (np.repeat(src_i, n_k) * n_k + k_idx)[keep], k_idx[keep],
+        )
+        noise = est.training.get(response)
+        s = noise.logit_sd if noise is not None and np.isfinite(noise.logit_sd) else 0.0
+        effect, se = 2 * fit.coef, np.sqrt((2 * fit.se) ** 2 + 4 * s**2 / max(int((src_i >= 0).sum()), 1))
+        df = max(fit.clusters - 1, 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tstat = effect / se
+        p = 2 * stdtr(df, -np.abs(tstat))
+        half = stdtrit(df, 1 - (1 - ci) / 2) * se
+        p_holm = _holm_exploratory(p)
+        for i, term in enumerate(TERMS):
+            name = term_name(term)
+            rate = est.find(response, name)
+            rate_clear = rate is not None and _excludes_zero(rate.effect_ci)
+            iv = Interval(low=effect[i] - half[i], high=effect[i] + half[i])
+            logit_clear = _excludes_zero(iv)
+            scale = {(True, True): "both scales", (True, False): "rate scale only",
+                     (False, True): "logit scale only", (False, False): "neither"}[(rate_clear, logit_clear)]
+            out.append(LogitEffect(
+                term=name, label=term_label(config, term), response=response, log_odds=effect[i], ci=iv,
+                p_value=p[i], p_holm=p_holm[i] if len(term) == 2 and name not in PRE_REGISTERED else None,
+                rate_clear=rate_clear, logit_clear=logit_clear, scale=scale,
+            ))
+        training = (f"plus the training-run variance 4 s^2 / cells (s = {s:.3f})" if s > 0 else
+                    "without a training-run term (none estimated)")
+        texts.append(f"{response}: " + LOGIT_MODEL.format(
+            cluster=cluster_name, g=fit.clusters, training=training, ci=ci, dropped=fit.dropped,
+        ) + ("" if fit.converged else " The fit did not converge; read it with care."))
+    return " ".join(texts), out
+
+
+def _excludes_zero(iv: Interval) -> bool:
+    return iv.low is not None and iv.high is not None and (iv.low > 0 or iv.high < 0)
 
 
 _AB = [(a, b) for a in (0, 1) for b in (0, 1)]

@@ -346,3 +346,119 @@ def sign_table(values: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str,
 def flipped_factors(signs: Mapping[str, Mapping[str, int]]) -> list[str]:
     """Factors whose sign is positive in some source and negative in another (0 agrees with either)."""
     return [f for f, by_source in signs.items() if {1, -1} <= set(by_source.values())]
+
+
+# --------------------------------------------------------------------------- multiplicity
+
+
+def bootstrap_p(samples: np.ndarray, center: np.ndarray | float, widen: float = 1.0) -> np.ndarray:
+    """Two-sided bootstrap p-value of "the statistic is 0", by inverting the (widened) percentile interval.
+
+    The resamples are stretched about the estimate by `widen` as the CIs are (center + c (x - center)); then
+    p = 2 min(P(x <= 0), P(x >= 0)), at least 1/B and at most 1. A 95% CI excludes 0 exactly when p < 0.05
+    (up to the resolution 1/B). NaN resamples are left out; a row with none left is NaN.
+    """
+    x = np.asarray(samples, dtype=float)
+    c = np.asarray(center, dtype=float)
+    x = c[..., None] + widen * (x - c[..., None])
+    finite = np.isfinite(x)
+    n = finite.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        below = np.where(finite, x <= 0, False).sum(axis=-1) / n
+        above = np.where(finite, x >= 0, False).sum(axis=-1) / n
+        p = np.clip(2 * np.minimum(below, above), 1.0 / np.maximum(n, 1), 1.0)
+    return np.where(n > 0, p, np.nan)
+
+
+def holm(p: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error), NaNs left out of the family and kept as NaN."""
+    p = np.asarray(p, dtype=float)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = ok.size
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    out[order] = np.minimum(adjusted, 1.0)
+    return out
+
+
+# --------------------------------------------------------------------------- logit-scale sensitivity
+
+
+@dataclass(frozen=True)
+class LogitFit:
+    """A binomial logistic model with group fixed effects and cluster-robust (sandwich) standard errors.
+
+    coef / se: of the non-fixed-effect columns (on the columns' own coding); clusters: G; converged: IRLS reached
+    its tolerance; dropped: fixed-effect groups left out because every answer in them was alike (their intercept
+    would be infinite and they say nothing about the other coefficients).
+    """
+
+    coef: np.ndarray
+    se: np.ndarray
+    clusters: int
+    converged: bool
+    dropped: int
+
+
+def logistic_fe_clustered(
+    successes: np.ndarray, trials: np.ndarray, columns: np.ndarray, groups: np.ndarray, clusters: np.ndarray,
+    *, max_iter: int = 50, tol: float = 1e-8,
+) -> LogitFit:
+    """Fit logit P(success) = alpha_group + columns @ beta to binomial counts, by IRLS; CR1 cluster-robust SEs.
+
+    successes, trials: (rows,); columns: (rows x k) regressors; groups: (rows,) fixed-effect labels (e.g. source x
+    question); clusters: (rows,) labels of the clusters of the sandwich (e.g. question). Rows with no trials are
+    ignored. The group intercepts are never formed as dummy columns: each Newton step profiles them out (the
+    regressors are centred on their weighted group means, x~), so the work is (rows x k), whatever the number of
+    groups. The same x~ gives the sandwich of beta alone: Cov = S^-1 (sum_c u_c u_c') S^-1 * G/(G-1), with
+    S = sum_i w_i x~_i x~_i' and u_c = sum over cluster c of x~_i (y_i - n_i p_i). A caller builds intervals with t_{G-1}.
+    """
+    y, n = np.asarray(successes, dtype=float), np.asarray(trials, dtype=float)
+    keep = n > 0
+    x, groups, clusters = np.asarray(columns, dtype=float)[keep], np.asarray(groups)[keep], np.asarray(clusters)[keep]
+    y, n = y[keep], n[keep]
+    labels, gidx = np.unique(groups, return_inverse=True)
+    ys, ns = np.bincount(gidx, y, labels.size), np.bincount(gidx, n, labels.size)
+    informative = (ys > 0) & (ys < ns)
+    dropped = int((~informative).sum())
+    rows = informative[gidx]
+    y, n, x, clusters = y[rows], n[rows], x[rows], clusters[rows]
+    _, gidx = np.unique(groups[rows], return_inverse=True)
+    k = x.shape[1]
+    if y.size == 0:
+        nan = np.full(k, np.nan)
+        return LogitFit(nan, nan, 0, False, dropped)
+    n_groups = int(gidx.max()) + 1
+    group_rate = np.bincount(gidx, y, n_groups) / np.bincount(gidx, n, n_groups)
+    alpha, beta = np.log(group_rate / (1 - group_rate)), np.zeros(k)  # start: each group at its own log-odds
+
+    def centred(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x~ = x minus its w-weighted group mean, and the groups' weights."""
+        wg = np.bincount(gidx, w, n_groups)
+        means = np.column_stack([np.bincount(gidx, w * x[:, j], n_groups) for j in range(k)]) / wg[:, None]
+        return x - means[gidx], wg
+
+    converged = False
+    for _ in range(max_iter):
+        p = 1 / (1 + np.exp(-(alpha[gidx] + x @ beta)))
+        w, r = n * p * (1 - p), y - n * p
+        xt, wg = centred(w)
+        step_b = np.linalg.lstsq(xt.T @ (xt * w[:, None]), xt.T @ r, rcond=None)[0]
+        # alpha's step given beta's: the group's score left after beta's step, over the group's weight
+        step_a = (np.bincount(gidx, r, n_groups) - np.bincount(gidx, w * (x @ step_b), n_groups)) / wg
+        alpha, beta = alpha + step_a, beta + step_b
+        if max(np.max(np.abs(step_a)), np.max(np.abs(step_b))) < tol:
+            converged = True
+            break
+    p = 1 / (1 + np.exp(-(alpha[gidx] + x @ beta)))
+    w, r = n * p * (1 - p), y - n * p
+    xt, _ = centred(w)
+    s_inv = np.linalg.pinv(xt.T @ (xt * w[:, None]))
+    labels_c, cidx = np.unique(clusters, return_inverse=True)
+    g = labels_c.size
+    u = np.column_stack([np.bincount(cidx, xt[:, j] * r, g) for j in range(k)])
+    cov = s_inv @ (u.T @ u) @ s_inv * (g / (g - 1) if g > 1 else 1.0)
+    return LogitFit(beta, np.sqrt(np.clip(np.diag(cov), 0, None)), g, converged, dropped)

@@ -26,6 +26,16 @@ def test_contamination(rate, fired):
     assert f"{rate:.4f}" in out.reason
 
 
+def test_contamination_judges_the_worst_prompt_condition():
+    by = {f"base-A{a}B{b}C0": 0.0 for a in (0, 1) for b in (0, 1)} | {"base-A1B1C1": 0.16}
+    out = gates.contamination(0.02, threshold=0.02, answers=19200, by_condition=by)  # pooled 2%: within
+    assert out.fired and out.numbers["worst_condition"] == "base-A1B1C1" and out.numbers["worst_rate"] == 0.16
+    assert "worst prompt condition base-A1B1C1 at 0.1600 exceeds" in out.reason
+    calm = gates.contamination(0.005, threshold=0.02, by_condition={"base-A0B0C0": 0.01, "base-A1B0C0": float("nan")})
+    assert not calm.fired and "worst prompt condition base-A0B0C0 at 0.0100 is within" in calm.reason
+    assert calm.numbers["by_condition"] == {"base-A0B0C0": 0.01}  # NaN (no answers) is left out
+
+
 @pytest.mark.parametrize(
     "rates, verdict",
     [

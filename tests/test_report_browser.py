@@ -50,10 +50,23 @@ RECORDER = """<script>
           heatmaps: div.querySelectorAll('.hm').length
         } : null;
       });
+      var sections = {};
+      ['simple-effects', 'logit-sensitivity', 'caveats', 'recipe'].forEach(function (id) {
+        var h = document.getElementById(id), text = '', tables = 0, visible = false;
+        if (h) {
+          visible = h.getBoundingClientRect().height > 0;
+          for (var n = h.nextElementSibling; n && n.tagName !== 'H2' && n.tagName !== 'DETAILS'; n = n.nextElementSibling) {
+            text += ' ' + n.innerText;
+            tables += n.tagName === 'TABLE' ? 1 : n.querySelectorAll('table').length;
+          }
+        }
+        sections[id] = h ? {heading: h.innerText, visible: visible, tables: tables, text: text} : null;
+      });
       var details = document.querySelector('details#design');
       var out = document.createElement('pre');
       out.id = '__report';
-      out.textContent = JSON.stringify({errors: errors, figures: figures, details_open: details ? details.open : null,
+      out.textContent = JSON.stringify({errors: errors, figures: figures, sections: sections,
+                                        details_open: details ? details.open : null,
                                         plotly: typeof Plotly});
       document.body.appendChild(out);
     }, 1000);
@@ -122,6 +135,25 @@ def test_design_section_is_collapsed(rendered):
         assert needle in section, needle
     cell_table = section[section.index("The 32 cells"):section.index("Smoke fraction")]
     assert cell_table.count("<tr>") == 33  # header + 32 cells
+
+
+def test_reviewer_sections_render(rendered):
+    """Issue 12, part 3: simple effects, logit sensitivity, caveats and recipe are on the page, visible, with their
+    tables (tests/test_report_review.py checks the same content on the HTML string, without a browser)."""
+    _, report, _, _ = rendered
+    sections = report["sections"]
+    assert all(sections[s] and sections[s]["visible"] for s in sections), sections
+    simple, logit = sections["simple-effects"], sections["logit-sensitivity"]
+    assert simple["heading"] == "Simple effects: A at each level of B" and simple["tables"] == 1
+    assert "A's effect [CI]" in simple["text"] and "B0:" in simple["text"] and "B1:" in simple["text"]
+    assert logit["heading"] == "Logit-scale sensitivity" and logit["tables"] == 1
+    assert "log-odds effect [CI]" in logit["text"] and "rate scale only" in logit["text"]
+    caveats = sections["caveats"]["text"]
+    for needle in ("What the intervals condition on", "Training-run noise", "Few clusters",
+                   "Interactions depend on the scale", "aliases D with A x B", "What d means here", "non-monotone"):
+        assert needle in caveats, needle
+    recipe = sections["recipe"]
+    assert recipe["tables"] == 1 and "rank 32, alpha 64" in recipe["text"] and "temperature 1.0" in recipe["text"]
 
 
 def test_self_contained_with_plotly_once(rendered):

@@ -78,7 +78,7 @@ def _predictions(result: AggregateResult) -> Raw:
 def gate_rows(config: ScreenConfig, result: AggregateResult) -> list[tuple]:
     g = config.gates
     rules = {
-        1: f"base-model marker rate > {g.contamination}",
+        1: f"base-model marker rate > {g.contamination}, pooled or under any one prompt condition",
         2: f"smoke source rates all <= {g.smoke_floor} or all >= {g.smoke_ceiling}",
         3: f">= {g.sign_flips} of 5 main effects flip sign across sources (SR or LR)",
         4: f"every |d| < {g.noise_d}, SR and LR, every source",
@@ -136,11 +136,16 @@ def _late_gates(result: AggregateResult) -> Raw:
     return Raw(f'<p id="late-gates">{text}</p>')
 
 
-def _effects_table(result: AggregateResult, estimates: Sequence[EffectEstimate], terms: Sequence[str]) -> Raw:
-    """Pooled estimate with CIs, each source's d, and the signs of those d's (the sign table of kill criterion 3)."""
+def _effects_table(
+    result: AggregateResult, estimates: Sequence[EffectEstimate], terms: Sequence[str], holm: bool = False,
+) -> Raw:
+    """Pooled estimate with CIs, each source's d, and the signs of those d's (the sign table of kill criterion 3);
+    with holm, the pooled bootstrap p-value and its Holm adjustment over the nine exploratory interactions."""
     sources = result.estimates.sources
     headers = ["response", "term", "status", "pooled difference [CI]", "pooled d [CI]",
                *[f"d: {s}" for s in sources], f"signs by source ({', '.join(sources)})"]
+    if holm:
+        headers += ["p", "Holm-adjusted p (9 exploratory)"]
     by = {(e.response, e.term, e.source): e for e in estimates}
     rows = []
     for response in ("SR", "LR"):
@@ -153,6 +158,8 @@ def _effects_table(result: AggregateResult, estimates: Sequence[EffectEstimate],
                 response, p.label, p.status + (" (partial)" if p.partial else ""),
                 f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
                 *[num(d) for d in per_source], _signs(per_source),
+                *([_p(p.p_value), _p(p.p_holm) if p.status == "exploratory" else "not adjusted (" + p.status + ")"]
+                  if holm else []),
             ])
     if not rows:
         return Raw('<p class="muted">No factorial cells yet.</p>')
@@ -218,10 +225,7 @@ def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
         f"source by source rate are re-run at seeds {esc(', '.join(map(str, s.multiseed)))} ({n_multi} cells), "
         "summarised as seed replicates, not mixed into the factorial.</p>",
         "<h3>Bootstrap scheme</h3>",
-        f"<p>{b.resamples:,} resamples, seed {b.seed}, {b.ci:.0%} percentile intervals. Source rate: the {b.n_questions} "
-        f"eval questions are resampled with replacement; leakage: the {b.n_personas} eval personas are resampled (each "
-        "cell's leakage is the mean over the drawn personas that are not its source). One draw is applied to every cell "
-        "of every source, so effects, d's, pooled values and predictions all come from the same resamples.</p>",
+        _bootstrap_scheme(result),
         f"<p>{esc(result.main_effects.estimator)}</p>",
         "<h3>Loss-mask variant</h3>",
         f"<p>Under E0 (marker-only loss) the positives put loss on the marker tokens only"
@@ -266,10 +270,214 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         estimator=esc(result.main_effects.estimator),
         main_effects_table=_effects_table(result, result.main_effects.effects, list(FACTOR_NAMES)),
         figure_ab=figure_div(figures["ab_interaction"], "ab_interaction"),
-        interactions_table=_effects_table(result, result.interactions.interactions, inter_terms),
+        interactions_table=_effects_table(result, result.interactions.interactions, inter_terms, holm=True),
+        simple_effects=_simple_effects(config, result),
+        logit_section=_logit_section(result),
+        caveats=_caveats(config, result),
+        recipe=_recipe(result),
         figure_heatmap=figure_div(figures["persona_heatmap"], "persona_heatmap"),
         cells_table=_cells_table(result),
         seed_table=_seed_table(result),
         design=_design(config, result),
         provenance=_provenance(result),
     )
+
+
+# --------------------------------------------------------------------------- the reviewer's sections (issue 12, part 3)
+
+
+def _p(x: float | None) -> str:
+    return "n/a" if x is None else ("< 0.001" if x < 0.001 else f"{x:.3f}")
+
+
+def _bootstrap_scheme(result: AggregateResult) -> Raw:
+    """What the intervals resample and add, from the scheme the aggregation recorded (never a fixed text)."""
+    b = result.main_effects.bootstrap
+    widen = "; ".join(f"{r}: c = {c:.3f}" for r, c in b.widen.items())
+    text = (
+        f"<p>{b.resamples:,} resamples, seed {b.seed}, {b.ci:.0%} percentile intervals widened about the estimate by "
+        f"the few-clusters factor ({esc(widen)}). Source rate: the {b.n_questions} eval questions are resampled with "
+        f"replacement; leakage: the {b.n_personas} eval personas are resampled, each cell's "
+        "leakage being the mean over the drawn personas that are not its source. One draw is "
+        "applied to every cell of every source, so effects, d's, pooled values and predictions all come from the same "
+        f"resamples. {_training_sentence(result)}</p>"
+        f"<p class=\"muted\">Method as recorded: {esc(b.method)}</p>"
+    )
+    return Raw(text)
+
+
+def _training_sentence(result: AggregateResult) -> str:
+    b = result.main_effects.bootstrap
+    if not b.training_sd:
+        return ("No training-run term: the intervals cover another draw of questions or personas, not another "
+                "training run of the cells (bootstrap.training_noise is off).")
+    parts = []
+    for r, sd in b.training_sd.items():
+        df = b.training_df.get(r, 0)
+        parts.append(f"{r}: not estimable ({df} residual df), left out" if sd is None else
+                     f"{r}: log-odds SD s = {sd:.3f} from {df} residual df")
+    return ("Training-run noise: every resample also adds to every cell's rate an independent draw "
+            "N(0, (s p(1-p))<sup>2</sup>), s estimated from the factorial's unreported contrasts of order 3-5 net of "
+            "the resampling's own share (" + esc("; ".join(parts)) + "), so the intervals also cover a second "
+            "training run of every cell.")
+
+
+def _simple_effects(config: ScreenConfig, result: AggregateResult) -> Raw:
+    simple = result.interactions.simple_effects
+    if not simple:
+        return Raw('<p class="muted">No factorial cells yet.</p>')
+    sources = result.estimates.sources
+    fb = config.factors["B"]
+    rows = []
+    for response in ("SR", "LR"):
+        for k in (0, 1):
+            by = {e.source: e for e in simple if e.response == response and e.at_level == k}
+            p = by.get("pooled")
+            if p is None:
+                continue
+            rows.append([
+                response, f"B{k}: {fb.high if k else fb.low}", f"{num(p.mean_low)} -> {num(p.mean_high)}",
+                f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
+                *[num(by[s].effect) if s in by else "n/a" for s in sources],
+            ])
+    intro = (
+        "<p>A x B is the pre-registered interaction, and it can be as large as A itself: then A's main effect (its "
+        "average over B) describes neither level of B. Here is A's effect (level 1 minus level 0) among the cells at "
+        "each level of B, pooled over sources, with CIs from the same resamples as every other estimate.</p>"
+    )
+    headers = ["response", "answer format", "mean at A0 -> A1", "A's effect [CI]", "d [CI]",
+               *[f"effect: {s}" for s in sources]]
+    return Raw(intro + table(headers, rows, numeric=range(5, 5 + len(sources))))
+
+
+def _logit_section(result: AggregateResult) -> Raw:
+    logit = result.main_effects.logit_sensitivity + result.interactions.logit_sensitivity
+    if not logit:
+        return Raw('<p class="muted">No factorial cells yet.</p>')
+    rate = {(e.response, e.term): e for e in result.main_effects.effects + result.interactions.interactions
+            if e.source == "pooled"}
+    rows = []
+    for response in ("SR", "LR"):
+        for e in (x for x in logit if x.response == response):
+            r = rate.get((response, e.term))
+            rows.append([
+                response, e.label, f"{num(r.effect) if r else 'n/a'} {ci(r.effect_ci) if r else ''}",
+                f"{num(e.log_odds)} {ci(e.ci)}", _p(e.p_value), _p(e.p_holm) if e.p_holm is not None else "",
+                Raw(f'<span class="{"inconclusive" if e.scale in ("rate scale only", "logit scale only") else ""}">'
+                    f"{esc(e.scale)}</span>"),
+            ])
+    only = [e for e in logit if e.scale == "rate scale only" and ":" in e.term]
+    note = (
+        "<p>The effects above are differences of rates. A factor that multiplies the odds by the same amount "
+        "everywhere moves a rate more where the rate is near 0.5 than near 0 or 1, so on the rate scale it shows "
+        "interactions that are not there on the log-odds scale, and the reverse. This logistic model puts every term "
+        "on the log-odds scale; a term clear on one scale only is scale-dependent, not evidence of two factors acting "
+        "together."
+        + (f" Here {len(only)} interaction{'s' if len(only) != 1 else ''} clear on the rate scale "
+           f"{'are' if len(only) != 1 else 'is'} not on the log-odds scale: "
+           + esc(", ".join(f"{e.term} on {e.response}" for e in only)) + "." if only else "")
+        + "</p>"
+    )
+    headers = ["response", "term", "rate-scale difference [CI]", "log-odds effect [CI]", "p", "Holm p (exploratory)",
+               "clear on"]
+    model = f'<p class="muted">{esc(result.main_effects.logit_model)}</p>'
+    return Raw(note + table(headers, rows) + model)
+
+
+def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
+    b = result.main_effects.bootstrap
+    items = []
+    items.append(
+        f"<b>What the intervals condition on.</b> Source rate: another draw of the {b.n_questions} eval questions; "
+        f"leakage: another draw of the {b.n_personas} eval personas, on these same questions (the leakage CI does not "
+        "cover question variability). Fixed throughout: the base model, the marker, the source personas (factor "
+        "levels, not a sample), the training questions and the answer sets each regime generated once. "
+        + _training_sentence(result)
+        + (" That term assumes the true interactions of order 3-5 are negligible; a real one makes the intervals wider, "
+           "never narrower." if any(v is not None for v in b.training_sd.values()) else "")
+    )
+    items.append(
+        "<b>Few clusters.</b> With " + esc(", ".join(f"G = {g} {w}" for g, w in ((b.n_questions, "questions"),
+                                                                                  (b.n_personas, "personas"))))
+        + " a plain percentile interval is too narrow (its variance is (G-1)/G of the truth and the tails are t-like), "
+        "so every interval is widened about its estimate by c = sqrt(G/(G-1)) t<sub>G-1</sub>/z ("
+        + esc(", ".join(f"{r} {c:.3f}" for r, c in b.widen.items())) + "). These are widened percentile intervals, not "
+        "plain percentile ones."
+    )
+    scale_only = [e for e in result.main_effects.logit_sensitivity + result.interactions.logit_sensitivity
+                  if e.scale in ("rate scale only", "logit scale only")]
+    items.append(
+        "<b>Interactions depend on the scale.</b> An interaction on rates is not one on log-odds, and the reverse "
+        "(the logit-scale sensitivity above). "
+        + ("Terms clear on one scale only: " + esc(", ".join(f"{e.term} on {e.response} ({e.scale})" for e in scale_only))
+           + "." if scale_only else "No term here is clear on one scale only.")
+        + " Across the nine exploratory interactions the page gives Holm-adjusted p-values (family-wise, per response); "
+        "A x B, the pre-registered one, and the predictions are not adjusted."
+    )
+    aliases = alias_structure()
+    items.append(
+        "<b>The smoke fraction aliases D with A x B.</b> The 8-run smoke phase uses generators "
+        + esc(", ".join(f"{k} = {v}" for k, v in SMOKE_GENERATORS.items()))
+        + ", so there D is confounded with " + esc(" and ".join(aliases.get("D", ["A:B"])) or "A:B")
+        + ", the pre-registered interaction: a smoke-phase contrast for D is D plus A x B. The smoke phase only gates "
+        "the screen (kill criterion 2); every effect on this page comes from the full 2<sup>5</sup> slabs, where D "
+        "and A x B are estimated separately."
+    )
+    sr = [e for e in result.main_effects.effects if e.source == "pooled" and e.response == "SR"]
+    mean = next((((e.mean_high or 0) + (e.mean_low or 0)) / 2 for e in sr if e.mean_high is not None), None)
+    example = ""
+    if mean is not None and 0 < mean < 1:
+        sd = math.sqrt(mean * (1 - mean))
+        example = (f" At this screen's mean source rate {mean:.3f} (SD of an answer {sd:.3f}), d = 0.4 is a difference "
+                   f"of about {0.4 * sd:.3f} in source rate and d = 0.15 about {0.15 * sd:.3f}; near a rate of 0 or "
+                   "1 the same d is a much smaller difference.")
+    items.append(
+        "<b>What d means here.</b> d is the effect divided by the standard deviation of the individual 0/1 answers, "
+        "sqrt(m(1-m)) pooled over the two levels: an answer-level standardisation, not the spread between cells or "
+        "between training runs. It depends on the base rate, so the same d is a different rate difference at "
+        "different rates, and the predictions' thresholds (d >= 0.4, <= -0.3, <= -0.2, |d| < 0.15) and kill "
+        f"criterion 4's noise level ({config.gates.noise_d}) are answer-level effect sizes in Cohen's convention, not "
+        "rate differences." + example
+    )
+    items.append(
+        "<b>P4's \"non-monotone\" clause cannot be tested.</b> B has two levels, so this screen sees a straight line "
+        "between them; whether implantation falls non-monotonically with answer length needs three or more levels. "
+        "P4 is judged on its direction only."
+    )
+    return Raw("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
+
+
+def _recipe(result: AggregateResult) -> Raw:
+    """Model, LoRA, data, decoding, backend, simulated or not: from the config stored with the result."""
+    c = result.metrics.config
+    get = lambda section, key, default=None: (c.get(section) or {}).get(key, default)  # noqa: E731
+    backend = c.get("backend") or {}
+    simulated = backend.get("training") == "simulated"
+    op = c.get("off_policy") or {}
+    rows = [
+        ("base model", f"{get('model', 'base')}" + (f" @ {get('model', 'revision')}" if get("model", "revision") else "")
+         + f", {get('model', 'dtype')}"),
+        ("LoRA", f"rank {get('lora', 'rank')}, alpha {get('lora', 'alpha')}, dropout {get('lora', 'dropout')}, "
+                 f"target modules {get('lora', 'target_modules')}"),
+        ("training", f"learning rate {get('training', 'learning_rate')}, {get('training', 'epochs')} epochs, batch "
+                     f"{get('training', 'batch_size')} x {get('training', 'grad_accum')} accumulation, max length "
+                     f"{get('training', 'max_length')}, warmup ratio {get('training', 'warmup_ratio')}"),
+        ("training data per source", f"{get('data', 'positives')} positives (with the marker), {get('data', 'negatives')} "
+                                     f"negatives, over {get('data', 'train_questions')} training questions; marker "
+                                     f"{c.get('marker')!r}"),
+        ("off-policy answers (D1)", f"{op.get('kind')}: {op.get('path') or op.get('model')}"),
+        ("evaluation", f"{get('eval', 'personas')} personas x {get('eval', 'questions')} questions x "
+                       f"{get('eval', 'samples')} samples, {get('eval', 'random_controls')} random controls"),
+        ("decoding", f"temperature {get('eval', 'temperature')}, top_p {get('eval', 'top_p')}, up to "
+                     f"{get('eval', 'max_new_tokens')} new tokens"),
+        ("backend", f"generation {backend.get('generation')}, training {backend.get('training')}, pool "
+                    f"{get('execution', 'pool')}"),
+        ("simulated", "yes: cell outcomes were drawn from planted effects (simulation.*); no model was trained, and "
+                      "the numbers test the machinery, not the question" if simulated else "no: real training runs"),
+        ("sources", ", ".join(c.get("sources") or [])),
+    ]
+    if simulated:
+        sim = c.get("simulation") or {}
+        rows.append(("planted (log-odds)", f"SR effects {sim.get('effects')}, A x B {sim.get('interaction_ab')}, "
+                                           f"LR effects {sim.get('leak_effects')}, cell SD {sim.get('cell_sd')}"))
+    return table(["", "as run"], rows)
