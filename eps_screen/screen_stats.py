@@ -343,6 +343,10 @@ def logit_sensitivity(
     ci = config.bootstrap.ci
     src_i = np.array([sources.index(s) if s in sources else -1 for s in src])
     cols = term_columns(coded, FACTOR_NAMES, TERMS)
+    design = np.column_stack([np.ones(int((src_i >= 0).sum())), cols[src_i >= 0]])
+    if np.linalg.matrix_rank(design) < design.shape[1]:  # e.g. only the smoke fraction: D is A x B there
+        return ("Not fitted: the cells present do not separate the 15 terms (some are aliased, as D and A x B are in "
+                "the smoke fraction), so their log-odds effects are not estimable.", [])
     out: list[LogitEffect] = []
     texts = []
     for response in RESPONSES:

@@ -170,3 +170,14 @@ def test_all_sections_on_the_page(screen):
     for sid in SECTIONS:
         assert f'<h2 id="{sid}">' in page and "<table" in section(page, sid) or sid == "caveats"
     assert "P4" in page and "non-monotone" in page
+
+
+def test_logit_is_not_fitted_on_aliased_cells():
+    from eps_screen.aggregate import compute
+    from eps_screen.design import smoke_cells
+
+    config = ScreenConfig(bootstrap={"resamples": 100})
+    cells = smoke_cells(config)  # the 8-run fraction: D = AB, E = AC
+    result = compute(config, simulate_screen(config, cells), [c.id for c in cells])
+    assert result.main_effects.logit_sensitivity == [] and result.interactions.logit_sensitivity == []
+    assert result.main_effects.logit_model.startswith("Not fitted") and "aliased" in result.main_effects.logit_model

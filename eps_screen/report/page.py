@@ -353,7 +353,7 @@ def _simple_effects(config: ScreenConfig, result: AggregateResult) -> Raw:
 def _logit_section(result: AggregateResult) -> Raw:
     logit = result.main_effects.logit_sensitivity + result.interactions.logit_sensitivity
     if not logit:
-        return Raw('<p class="muted">No factorial cells yet.</p>')
+        return Raw(f'<p class="muted">{esc(result.main_effects.logit_model or "No factorial cells yet.")}</p>')
     rate = {(e.response, e.term): e for e in result.main_effects.effects + result.interactions.interactions
             if e.source == "pooled"}
     rows = []
