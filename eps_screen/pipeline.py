@@ -229,8 +229,10 @@ def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -
         "marker_rate": rate,
         "answers": answers.height,
         "markers": int(answers["marker"].sum()),
+        # The persona panel only, as the pooled rate: gate 1 judges the worst condition on the same answers.
         "by_condition": {
-            cid: float(g["marker"].mean()) for (cid,), g in answers.group_by("cell_id", maintain_order=True)
+            cid: float(g["marker"].mean())
+            for (cid,), g in answers.filter(pl.col("panel") == "persona").group_by("cell_id", maintain_order=True)
         },
         "threshold": config.gates.contamination,
         "config": config.model_dump(mode="json"),

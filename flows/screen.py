@@ -268,7 +268,8 @@ def _phases(config: ScreenConfig, pool):
 
     # Phase 0: the base model must not already emit the marker.
     pre = _pre_screen(config)
-    contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"])
+    contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"],
+                                        by_condition=pre.get("by_condition"))
     store.save_gate(contamination.model_dump(mode="json"))
     if contamination.fired:
         return killed(contamination)
