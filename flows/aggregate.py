@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from eps_screen.config import ScreenConfig
+from eps_screen.plan import make_plan
+from eps_screen.report.serve import report_url
+from eps_screen.report.tldr import tldr
 from eps_screen.store import ResultStore, screen_names
 from flows.ops import aggregate_here, load_screen
 from tasks.cells import artifact_key
@@ -18,19 +19,54 @@ def _md_cell(text) -> str:
     return str(text).replace("|", "\\|")
 
 
-def _summary_markdown(config: ScreenConfig, result, report: Path) -> str:
+def _d(e) -> str:
+    if e.d is None:
+        return "n/a"
+    lo, hi = e.d_ci.low, e.d_ci.high
+    return f"{e.d:+.2f}" + ("" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]")
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def cells_of(config: ScreenConfig, present: int) -> str:
+    """"N of M cells": M is the plan's distinct cells, the total the progress artifact counts to."""
+    return f"{present} of {make_plan(config).distinct_cells} cells"
+
+
+def _summary_markdown(config: ScreenConfig, result, url: str) -> str:
+    """The TL;DR, the gate table and the pooled main-effect table, with the report's link."""
     cov = result.metrics.coverage
     lines = [
-        f"# Screen `{config.name}`",
-        f"Report: `{report}`" + (" (partial: some cells are missing)" if result.partial else ""),
+        f"# Screen `{config.name}`: {cells_of(config, cov.present)}"
+        + (" (partial: some cells are missing)" if result.partial else ""),
+        f"[clean_result.html]({url})",
+        "",
+        f"**TL;DR.** {_md_cell(tldr(config, result))}",
         "",
         "| gate | fired | reason |",
         "|---|---|---|",
     ]
     lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {_md_cell(g.reason)} |"
               for g in result.metrics.gates]
-    lines += ["", f"Cells present: {cov.model_dump().get('present', '')}"]
+    lines += ["", "| effect (pooled over sources) | response | low -> high | Cohen's d [95% CI] |", "|---|---|---|---|"]
+    pooled = [e for e in result.main_effects.effects if e.source == "pooled"]
+    lines += [f"| {e.term} {_md_cell(e.label)} | {e.response} | {_pct(e.mean_low)} -> {_pct(e.mean_high)} | {_d(e)} |"
+              for e in sorted(pooled, key=lambda e: (e.response, -abs(e.d or 0.0)))]
+    lines += ["", f"Cells present: {cells_of(config, cov.present)} ({cov.expected} expected by the phases run so far)"]
     return "\n".join(lines)
+
+
+def publish(config: ScreenConfig, summary: dict) -> None:
+    """The summary (markdown) and report-link artifacts on the current flow run: the aggregate subflow, the screen
+    run and the scheduled aggregate's run each call it, so each run shows them itself."""
+    if not summary.get("markdown"):
+        return
+    create_markdown_artifact(key=artifact_key(f"summary-{config.name}"), markdown=summary["markdown"],
+                             description=f"screen {config.name}: TL;DR, gates, effects")
+    create_link_artifact(key=artifact_key(f"report-{config.name}"), link=summary["url"],
+                         link_text="clean_result.html", description="the report (eps-screen serve serves it)")
 
 
 @flow(name="aggregate", log_prints=True)
@@ -41,13 +77,11 @@ def aggregate(config: ScreenConfig) -> dict:
         store = ResultStore.for_config(config)
         get_run_logger().warning("no finished cells in %s yet: nothing to aggregate", store.dir)
         return summary
-    report = result.paths["clean_result.html"]
-    create_markdown_artifact(
-        key=artifact_key(f"summary-{config.name}"), markdown=_summary_markdown(config, result, report)
-    )
-    create_link_artifact(
-        key=artifact_key(f"report-{config.name}"), link=report.as_uri(), link_text="clean_result.html"
-    )
+    store = ResultStore.for_config(config)
+    url = report_url(store.url, config.name)
+    summary = {**summary, "url": url, "markdown": _summary_markdown(config, result, url)}
+    get_run_logger().info("aggregated %s: report %s", cells_of(config, result.metrics.coverage.present), url)
+    publish(config, summary)
     return summary
 
 
@@ -60,13 +94,35 @@ def _stale(store: ResultStore) -> bool:
     return any(t > made for t in store.mtimes("cells/*/*/metrics.json").values())
 
 
+def still_running(name: str) -> bool:
+    """A run of the `screen` flow for this screen is going (its process alive or not known to be gone)."""
+    from prefect.client.orchestration import get_client
+
+    from flows.ops import process_alive, screen_runs
+
+    with get_client(sync_client=True) as client:
+        runs = screen_runs(client, name)
+    return any(r.state is not None and r.state.type.value in {"RUNNING", "PENDING"} and process_alive(r) is not False
+               for r in runs)
+
+
 @flow(name="aggregate-all", log_prints=True)
 def aggregate_all(store: str = "results") -> dict:
-    """The scheduled job: re-aggregate every screen in the store that has results newer than its report."""
+    """The scheduled job: re-aggregate every screen in the store that has results newer than its report; a screen
+    whose run is still going is skipped (its own phase 4 aggregates it), and said so with its "N of M cells"."""
     done = {}
     for name in screen_names(store):
         config = load_screen(store, name)
-        if _stale(ResultStore.for_config(config)):
-            done[config.name] = aggregate(config)["report"]
+        results = ResultStore.for_config(config)
+        cells = cells_of(config, results.finished_count())
+        if still_running(config.name):
+            print(f"{config.name}: still running ({cells} finished), skipped")
+        elif _stale(results):
+            summary = aggregate(config)
+            publish(config, summary)
+            done[config.name] = summary["report"]
+            print(f"{config.name}: re-aggregated ({cells})")
+        else:
+            print(f"{config.name}: report up to date ({cells})")
     print(f"re-aggregated {len(done)} screen(s): {sorted(done)}")
     return done

@@ -165,6 +165,24 @@ def cmd_doctor(args) -> int:
     return doctor(args.config, _console())
 
 
+def cmd_serve(args) -> int:
+    from eps_screen.report.serve import REPORT_URL_ENV, make_server
+    from eps_screen.store import ResultStore
+
+    root = ResultStore(args.store, "-").root  # a URL store: its local mirror on this machine
+    server = make_server(root, args.host, args.port)
+    host, port = server.server_address[:2]
+    print(f"serving the reports of {root} at http://{host}:{port}/ (read-only; Ctrl-C stops it); screen runs link "
+          f"here unless {REPORT_URL_ENV} says otherwise", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 CONFIG_HELP = "a screen config (YAML), e.g. deployments/configs/tiny.yaml"
 STORE_HELP = "result store, a directory or a URL such as s3://bucket/prefix"
 
@@ -244,6 +262,14 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--wait", type=float, default=3600,
                             help="seconds to wait for cell runs of the last screen run still in flight "
                                  "(default: 3600)")
+
+    sv = sub.add_parser("serve", help="serve the store's reports over HTTP, read-only (what the screen run links to)")
+    sv.add_argument("--store", default="results", help=f"{STORE_HELP}; a URL store's local mirror is served "
+                                                        "(default: results)")
+    sv.add_argument("--port", type=int, default=8765, help="port; 0 picks a free one (default: 8765)")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to bind; 0.0.0.0 exposes the reports to the network (default: 127.0.0.1)")
+    sv.set_defaults(func=cmd_serve)
 
     dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
     dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),
