@@ -25,7 +25,7 @@ from eps_screen.design import PRE_SCREEN_ID, Cell
 from eps_screen.plan import make_plan, multiseed_pick
 from eps_screen.provenance import provenance
 from eps_screen.store import ResultStore
-from flows.aggregate import aggregate
+from flows.aggregate import aggregate, publish
 from flows.ops import record_owner
 from tasks.cells import artifact_key, cell_summary, cell_task, pre_screen_task, regime_task
 
@@ -34,21 +34,68 @@ DEPLOYMENTS = {"local-gpu": "cell/cell-local-gpu", "runpod-gpu": "cell/cell-runp
 
 
 class Progress:
-    """The screen's progress artifact: distinct cells finished out of the cells known so far."""
+    """The screen's progress artifact: distinct cells finished out of the plan's cells, and the current phase
+    (its description, e.g. "phase 2: slab librarian: 40 of 114 cells"); a log line at each phase's start and end."""
 
     def __init__(self, config: ScreenConfig):
         self.done: set[str] = set()
         self.total = make_plan(config).distinct_cells
+        self.phase = ""
         self.id = create_progress_artifact(
-            progress=0.0, key=artifact_key(f"progress-{config.name}"), description=f"cells done of {self.total}"
+            progress=0.0, key=artifact_key(f"progress-{config.name}"), description=self.text()
         )
+
+    def count(self) -> str:
+        return f"{len(self.done)} of {self.total} cells"
+
+    def text(self) -> str:
+        return f"{self.phase or 'starting'}: {self.count()}"
+
+    def begin(self, phase: str | None) -> None:
+        """The phase before ends and this one starts (None: the last one ended)."""
+        logger = get_run_logger()
+        if self.phase:
+            logger.info("%s: finished (%s)", self.phase, self.count())
+        self.phase = phase or "finished"
+        if phase:
+            logger.info("%s: started (%s finished so far)", phase, self.count())
+        self.advance([])
 
     def advance(self, cell_ids: list[str]) -> None:
         self.done.update(cell_ids)
         try:
-            update_progress_artifact(self.id, progress=100.0 * len(self.done) / self.total)
+            update_progress_artifact(self.id, progress=100.0 * len(self.done) / self.total, description=self.text())
         except Exception as exc:  # a bar that lags must not stop the screen; the next cell's update catches up
             get_run_logger().warning("progress artifact not updated (%s: %s)", type(exc).__name__, str(exc)[:200])
+
+
+def log_gate(outcome: dict) -> None:
+    """One line per kill criterion judged: fired (the screen ends Killed, or for 3-4 is flagged) or passed."""
+    get_run_logger().log(logging.WARNING if outcome["fired"] else logging.INFO, "gate %s (%s): %s: %s",
+                         outcome["number"], outcome["name"], "FIRED" if outcome["fired"] else "passed",
+                         outcome.get("reason", ""))
+
+
+def run_name() -> str:
+    """`screen-<name>`, however the run started (CLI, --submit, the UI's form: config as a model or a dict)."""
+    from prefect.runtime import flow_run
+
+    config = flow_run.parameters.get("config")
+    name = config.get("name", "screen") if isinstance(config, dict) else getattr(config, "name", "screen")
+    return f"screen-{name}"
+
+
+def tag_run(config: ScreenConfig) -> None:
+    """The tag `screen:<name>` on this run (the cell runs it submits carry it too)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    try:
+        with get_client(sync_client=True) as client:
+            tags = client.read_flow_run(flow_run.id).tags
+            client.update_flow_run(flow_run.id, tags=sorted({*tags, "eps-screen", f"screen:{config.name}"}))
+    except Exception as exc:  # a tag is not worth a screen
+        get_run_logger().warning("run not tagged (%s: %s)", type(exc).__name__, str(exc)[:200])
 
 
 class Stopped(Exception):
@@ -250,8 +297,18 @@ def killed(outcome: gates.GateOutcome):
     return Failed(name=KILLED, message=f"kill criterion {outcome.number} ({outcome.name}): {outcome.reason}")
 
 
-@flow(name="screen", on_running=[record_owner])  # `host:pid`, however it started (CLI or worker)
+JOB_NAMES = (
+    "Cells are named <source>-A?B?C?D?E?-s<seed> (the level, 0 or 1, of each factor A-E, and the seed). On a GPU "
+    "pool each `cell` run is a job of cells run in a row, named <first cell>[+<N more cells>]-a<attempt>: "
+    "librarian-A0B1C0D1E0-s42+7-a1 is that cell and 7 more, resubmitted once (a0 is the first submission); "
+    "`pre-screen` is phase 0's base-model sample."
+)
+
+
+@flow(name="screen", on_running=[record_owner],  # `host:pid`, however it started (CLI or worker)
+      flow_run_name=run_name, description="A factorial screen, phases 0-4; gates end it Killed. " + JOB_NAMES)
 def screen(config: ScreenConfig) -> dict:
+    tag_run(config)
     try:
         with cell_processes(config) as pool:
             return _phases(config, pool)
@@ -267,15 +324,18 @@ def _phases(config: ScreenConfig, pool):
     progress = Progress(config)
 
     # Phase 0: the base model must not already emit the marker.
+    progress.begin("phase 0: pre-screen")
     pre = _pre_screen(config)
     contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"],
                                         by_condition=pre.get("by_condition"))
     store.save_gate(contamination.model_dump(mode="json"))
+    log_gate(contamination.model_dump(mode="json"))
     if contamination.fired:
         return killed(contamination)
 
     # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
     smoke_cells = design.smoke_cells(config)
+    progress.begin(f"phase 1: smoke ({len(smoke_cells)} cells)")
     smoke = run_cells(config, smoke_cells, progress, pool)
     metrics = {c.id: store.cell_metrics(config, c) for c in smoke_cells}
     missing = [cell_id for cell_id, m in metrics.items() if m is None]
@@ -285,21 +345,30 @@ def _phases(config: ScreenConfig, pool):
     verdict = gates.smoke(rates, config.gates.smoke_floor, config.gates.smoke_ceiling)
     store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
     store.save_gate(verdict.model_dump(mode="json"))
+    log_gate(verdict.model_dump(mode="json"))
     if verdict.fired:
         return killed(verdict)
 
     # Phase 2: all 32 cells of every source at the primary seed (the smoke cells are found finished).
     for source in config.sources:
+        progress.begin(f"phase 2: slab {source}")
         slab = run_cells(config, design.slab_cells(config, source), progress, pool)
         store.save_phase(f"slab-{source}", {"source": source, "cells": slab})
 
     # Phase 3: the top cells of each source again at the extra seeds.
     multiseed = multiseed_pick(config, store) or []
+    progress.begin(f"phase 3: multi-seed ({len(multiseed)} cells)")
     store.save_phase("multiseed", {"cells": run_cells(config, multiseed, progress, pool)})
 
     # Phase 4: statistics, the later gates, figures and the clean-result page.
+    progress.begin("phase 4: aggregation")
     result = aggregate(config)
-    logger.info("report: %s", result["report"])
+    publish(config, result)  # the summary and report link on this run too, not only on the aggregate subflow
+    for outcome in sorted(store.gates(), key=lambda g: int(g["number"])):
+        if int(outcome["number"]) >= 3:
+            log_gate(outcome)
+    progress.begin(None)
+    logger.info("report: %s (%s)", result.get("url") or result["report"], result["report"])
     fired = result.get("fired") or []
     if fired:
         return Completed(message=f"report {result['report']}; gates fired: {', '.join(fired)}", data=result)

@@ -1,0 +1,106 @@
+"""A screen run reads on its own (issue 13): named `screen-<name>`, tagged `screen:<name>`, a log line per phase
+start and end and per gate, "N of M cells", a progress artifact with the counts and the phase, the summary (TL;DR,
+gates, effects) and an http report link on the screen run itself; the scheduled aggregate skips a screen whose run
+is still going and gives its own run the artifacts of the screens it re-aggregates.
+
+A small simulated screen (every phase, seconds) on the session's Prefect test harness."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import CONFIGS
+
+TOTAL = 114  # the plan's distinct cells: 3 x 32 at the primary seed and 18 at the extra seeds
+pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from prefect.client.orchestration import get_client
+
+    from eps_screen.config import parse_config
+    from flows.screen import screen
+
+    data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
+    store = tmp_path_factory.mktemp("store")
+    data.update(name="readable", store=str(store), eval={"personas": 4, "questions": 4, "samples": 2,
+                                                          "random_controls": 2},
+                bootstrap={"resamples": 200})
+    config = parse_config(data)
+    state = screen(config, return_state=True)
+    assert state.is_completed(), state.message
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(state.state_details.flow_run_id)
+        artifacts = {a.key: a for a in client.read_artifacts() if a.flow_run_id == flow_run.id}
+        deadline = time.monotonic() + 30  # log lines reach the server in batches, after the run
+        while True:
+            logs = [entry.message for entry in client.read_logs()
+                    if entry.flow_run_id == flow_run.id and entry.task_run_id is None]
+            if any(line.startswith("Finished in state") for line in logs) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    return config, store, flow_run, artifacts, logs
+
+
+def test_named_tagged_and_described(run):
+    from flows.screen import screen
+
+    _, _, flow_run, _, _ = run
+    assert flow_run.name == "screen-readable"
+    assert "screen:readable" in flow_run.tags
+    assert "-a<attempt>" in screen.description and "+<N more cells>" in screen.description
+
+
+def test_log_has_phases_gates_and_counts(run):
+    _, _, _, _, logs = run
+    text = "\n".join(logs)
+    for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slab librarian", "phase 3: multi-seed",
+                  "phase 4: aggregation"):
+        assert f"{phase}" in text and "started" in text, phase
+    assert "phase 4: aggregation: finished (" in text
+    assert "gate 1 (" in text and "gate 2 (" in text and "gate 3 (" in text and "gate 4 (" in text
+    assert any(f"of {TOTAL} cells" in line for line in logs if "finished (" in line), text
+
+
+def test_artifacts_on_the_screen_run_itself(run):
+    _, _, _, artifacts, _ = run
+    assert {"summary-readable", "report-readable", "progress-readable"} <= set(artifacts)
+    summary = artifacts["summary-readable"].data
+    assert "**TL;DR.**" in summary and "| gate | fired | reason |" in summary
+    assert "| effect (pooled over sources) |" in summary and f"of {TOTAL} cells" in summary
+    link = artifacts["report-readable"].data
+    assert "http://127.0.0.1:8765/readable/report/clean_result.html" in link and "file://" not in link
+    assert artifacts["progress-readable"].description == f"finished: {TOTAL} of {TOTAL} cells"
+
+
+def test_scheduled_aggregate_skips_a_running_screen_and_labels_counts(run, caplog):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Running
+
+    from flows.aggregate import aggregate_all
+
+    store = run[1]
+    late = min((store / "readable").glob("cells/*/*/metrics.json"))
+    newer = (store / "readable" / "report" / "aggregate_metrics.json").stat().st_mtime + 10
+    os.utime(late, (newer, newer))
+    with get_client(sync_client=True) as client:  # another run of this screen, still going
+        @flow(name="screen")
+        def placeholder(config: dict):
+            return None
+
+        other = client.create_flow_run(placeholder, parameters={"config": {"name": "readable"}})
+        client.set_flow_run_state(other.id, Running(), force=True)
+        assert aggregate_all(str(store)) == {}
+        assert f"readable: still running ({TOTAL} of {TOTAL} cells finished), skipped" in caplog.text
+        client.set_flow_run_state(other.id, Cancelled(), force=True)
+    state = aggregate_all(str(store), return_state=True)
+    assert set(state.result()) == {"readable"}
+    with get_client(sync_client=True) as client:
+        keys = {a.key for a in client.read_artifacts() if a.flow_run_id == state.state_details.flow_run_id}
+    assert {"summary-readable", "report-readable"} <= keys
