@@ -1,7 +1,9 @@
 """The issue's "Done when": a screen of >= 30 cells through a real Prefect server, the real `runpod` worker
 (`prefect worker start --pool P --type runpod`) and the fake RunPod API, with 25% of pods vanishing after
 RUNNING and ~10% no-capacity answers. Every cell completes, none is recomputed, no pod is left, vanished
-pods are detected in well under 60 s, and no API key shows up in any output or artifact.
+pods are detected in well under 60 s, and no API key shows up in any output or artifact. Issue 11 adds three
+foreign pods on the account (never touched) and, with EPS_IT_EXIT0_EVERY=N, 1 pod in N whose container exits 0
+without doing its work (each such run Crashed and resubmitted).
 
 The cells run the real `cell` flow (flows/cell.py) on the simulated backend, one 32-cell slab; set
 EPS_IT_CELL=standin to use tests/integration/standin_cell.py instead. "Recomputed" is observed directly: a
@@ -49,6 +51,9 @@ PREFECT_KEY = "pnu_INTEGRATIONPREFECTKEY_abcdefghijklmnop"
 POOL = "runpod-it"
 N_CELLS = int(os.environ.get("EPS_IT_CELLS", "32"))
 POLL_S = 2.0
+# 1 pod in N exits 0 without its work (issue 11's "Done when" has N=5). Off in CI: at 5 it made 67 pods instead of
+# 48 and the dispatch 302 s instead of 193 s on the loaded 2-core box (RELIABILITY.md); EPS_IT_EXIT0_EVERY=5 runs it.
+EXIT0_EVERY = int(os.environ.get("EPS_IT_EXIT0_EVERY", "0"))
 USE_REAL_CELL = os.environ.get("EPS_IT_CELL", "real") == "real" and (ROOT / "flows" / "cell.py").exists()
 ENTRYPOINT = "flows/cell.py:cell" if USE_REAL_CELL else "tests/integration/standin_cell.py:cell"
 
@@ -134,11 +139,15 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     # the pod (a pod's run takes 1.5 s at the least here, 1.4 s of it the engine's imports), so all of them
     # vanish. With 0.5-4 s, the worker terminated 3 of 11 such pods first and only 8 of 41 pods vanished, under
     # the issue's bar of 20%; with 0.5-2 s, 1 of 12.
+    # With EXIT0_EVERY, every Nth pod's container exits 0 at once without running its command (issue 11): the worker
+    # must not take that for success. Three pods on the account belong to someone else: never touched.
+    exit0 = set(range(2, 10_000, EXIT0_EVERY)) if EXIT0_EVERY else set()
     faults = Faults(seed=7, vanish_pods=set(range(0, 10_000, 4)), vanish_after_s=(0.3, 1.2),
-                    no_capacity_rate=0.10, start_delay_s=(0.5, 2.0))
+                    no_capacity_rate=0.10, start_delay_s=(0.5, 2.0), exit_zero_pods=exit0)
     fake = FakeRunPod({RUNPOD_KEY: "main"}, workdir=ROOT, log_dir=tmp_path / "pods", faults=faults,
                       image_env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
     fake_url = fake.start()
+    foreign = foreign_pods(fake)
     api = {PREFECT_API_URL: prefect_server, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
     worker_log = tmp_path / "worker.log"
     worker = None
@@ -194,7 +203,9 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         deadline = time.time() + 30
         while fake.live_pods() and time.time() < deadline:
             time.sleep(0.5)
-        assert fake.live_pods() == [] and fake.running_processes() == []
+        assert [p["id"] for p in fake.live_pods()] == foreign  # ours all gone; the foreign ones untouched
+        assert len(fake.running_processes()) == len(foreign)
+        assert not [e for e in fake.events if e["event"] == "terminated" and e["pod_id"] in foreign]
 
         with temporary_settings(api):
             runs, logs, artifacts = anyio.run(all_runs_and_logs)
@@ -219,7 +230,8 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         detections.append(noticed[event["pod_id"]] - event["t"])
         crashed_after.append(run.state.timestamp.timestamp() - event["t"])
     vanished = len(fake.events_of("vanished"))
-    created = len(fake.events_of("created"))
+    created = len(fake.events_of("created")) - len(foreign)
+    exited_without_work = sum(1 for e in fake.events_of("created") if e["fate"] == "exit0")
     assert detections and max(detections) < 3 * POLL_S + 10, detections
     assert max(crashed_after) < 180, crashed_after
     if N_CELLS >= 30:  # the issue's bar: >= 20% of pods vanish after RUNNING
@@ -239,7 +251,8 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     # SQLite lock held it) is a second version of the same record, counted once (eps_screen_runpod/cost.py)
     cost_artifacts = [a for a in artifacts if a.description == ARTIFACT_DESCRIPTION]
     cost_records = Counter(a.key for a in cost_artifacts)
-    assert sorted(cost_records) == sorted(cost_key(e["pod_id"]) for e in fake.events_of("created"))
+    assert sorted(cost_records) == sorted(cost_key(e["pod_id"]) for e in fake.events_of("created")
+                                          if e["pod_id"] not in foreign)
     costs = pod_costs(cost_artifacts)
     assert len(costs) == created
 
@@ -247,6 +260,7 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         "date": time.strftime("%Y-%m-%d"), "cells": N_CELLS, "entrypoint": ENTRYPOINT,
         "poll_interval_s": POLL_S, "max_parallel_cells": 6,
         "pods_created": created, "pods_vanished_after_running": vanished,
+        "pods_exited_0_without_work": exited_without_work, "foreign_pods_untouched": len(foreign),
         "deploy_requests_no_capacity": fake.stats["no_capacity"],
         "deploy_requests_total": fake.stats["no_capacity"] + created,
         "flow_runs": len(runs), "flow_run_states": dict(states),
@@ -265,6 +279,23 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     out.mkdir(exist_ok=True)
     (out / "runpod_reliability.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+
+
+def foreign_pods(fake: FakeRunPod) -> list[str]:
+    """Three pods the worker did not create, on its account: a notebook, another team's job, and one whose name
+    starts with the worker's prefix but names no flow run."""
+    ids = []
+    for name in ("jupyter-notebook", "other-team-trainer", "prefect-eps-scratch"):
+        while True:
+            try:
+                pod = fake.deploy("main", {"name": name, "imageName": "someone/else:1", "cloudType": "COMMUNITY",
+                                           "gpuTypeId": "NVIDIA GeForce RTX 4090", "dockerArgs": "sleep 900"})
+                break
+            except Exception:  # the fake's no-capacity roll
+                continue
+        fake.pods[pod["id"]].fate = "normal"  # not subject to the faults aimed at the worker's pods
+        ids.append(pod["id"])
+    return ids
 
 
 def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, tmp_path: Path):
