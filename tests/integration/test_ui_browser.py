@@ -4,7 +4,8 @@ A real `prefect server start` with the UI on 127.0.0.1, the pools and deployment
 a `cpu` worker, and a simulated screen (all 114 cells, in the screen's own process) triggered through the API as
 a run of the `screen` deployment (`eps-screen run --submit`). Headless Chromium then renders the flow run's page
 (its task-run and artifact tabs, clicked over the DevTools protocol) and the summary and report artifacts, and
-the test reads the rendered text.
+the test reads the rendered text. Issue 13: the screen run itself (named `screen-ui-screen`) carries the summary (TL;DR,
+gate table) and the report link, an http URL of `eps-screen serve`, which the browser follows to the page's TL;DR.
 Screenshots and page texts: test-output/ui-*.png, ui-*.txt.
 """
 
@@ -16,6 +17,7 @@ import re
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
@@ -24,7 +26,7 @@ import pytest
 import requests
 import yaml
 
-from tests.integration.conftest import ROOT, stop
+from tests.integration.conftest import ROOT, free_port, stop
 from tests.integration.servers import (
     EPS_SCREEN,
     background_lock_errors,
@@ -117,6 +119,18 @@ class Browser:
             stop(self.proc, timeout=10)
 
 
+@contextmanager
+def report_server(store: Path, port: int):
+    """`eps-screen serve` over the test's store, the server the screen run's report link points to."""
+    store.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([EPS_SCREEN, "serve", "--store", str(store), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop(proc, timeout=10)
+
+
 async def watch(run_id: str, name: str, limit_s: float = 300):
     """Poll the run until it ends, collecting every value its progress artifact showed."""
     from prefect.client.orchestration import get_client
@@ -145,13 +159,16 @@ def test_flow_run_page_lists_cell_runs_and_artifacts(tmp_path: Path):
     OUT.mkdir(exist_ok=True)
     config = yaml.safe_load((ROOT / "deployments" / "configs" / "simulated.yaml").read_text())
     config.update(name="ui-screen", store=str(tmp_path / "store"))
-    with prefect_server(tmp_path / "server", PREFECT_UI_ENABLED="true") as (api, server_log):
+    port = free_port()
+    with prefect_server(tmp_path / "server", PREFECT_UI_ENABLED="true") as (api, server_log), \
+            report_server(tmp_path / "store", port):
         env = client_env(tmp_path / "cli", api)
         deployed = subprocess.run([EPS_SCREEN, "deploy", "--pool", "cpu"], env=env, cwd=ROOT, capture_output=True,
                                   text=True, timeout=300)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert "deployment screen -> pool cpu" in deployed.stdout
-        with worker("cpu", client_env(tmp_path / "worker", api, PREFECT_WORKER_QUERY_SECONDS="10"),
+        with worker("cpu", client_env(tmp_path / "worker", api, PREFECT_WORKER_QUERY_SECONDS="10",
+                                      EPS_REPORT_URL=f"http://127.0.0.1:{port}"),
                     tmp_path / "worker.log", "--name", "cpu-ui-test"):
             (tmp_path / "ui-screen.yaml").write_text(yaml.safe_dump(config))
             submitted = subprocess.run([EPS_SCREEN, "run", str(tmp_path / "ui-screen.yaml"), "--submit", "--no-watch"],
@@ -167,6 +184,11 @@ def test_flow_run_page_lists_cell_runs_and_artifacts(tmp_path: Path):
         assert {"summary-ui-screen", "report-ui-screen", "progress-ui-screen"} <= keys
         assert sum(1 for k in keys if k.startswith("cell-ui-screen-")) == 114
         moving = sorted({p for p in progress if 0 < p < 100})
+        own = {a.key: a for a in artifacts if a.key and str(a.flow_run_id) == run_id}  # on the screen run itself
+        assert {"summary-ui-screen", "report-ui-screen", "progress-ui-screen"} <= set(own), sorted(own)
+        assert own["progress-ui-screen"].description == "finished: 114 of 114 cells"
+        report_link = f"http://127.0.0.1:{port}/ui-screen/report/clean_result.html"
+        assert report_link in own["report-ui-screen"].data
         assert moving, f"the progress artifact never showed an intermediate value: {sorted(set(progress))}"
 
         ui = api.removesuffix("/api")
@@ -181,17 +203,23 @@ def test_flow_run_page_lists_cell_runs_and_artifacts(tmp_path: Path):
             browser.click_tab("Artifacts")
             arts = browser.wait_for("progress-ui-screen")
             browser.screenshot(OUT / "ui-flow-run-artifacts.png")
-            by_key = {a.key: a for a in artifacts if a.key}
-            summary = browser.open(f"{ui}/artifacts/artifact/{by_key['summary-ui-screen'].id}", "pre-screen contamination")
+            summary = browser.open(f"{ui}/artifacts/artifact/{own['summary-ui-screen'].id}", "pre-screen contamination")
             browser.screenshot(OUT / "ui-summary.png")
-            link = browser.open(f"{ui}/artifacts/artifact/{by_key['report-ui-screen'].id}", "clean_result.html")
+            link = browser.open(f"{ui}/artifacts/artifact/{own['report-ui-screen'].id}", "clean_result.html")
+            href = browser.js("[...document.querySelectorAll('a')].map(a => a.href)"
+                              ".find(h => h.endsWith('/report/clean_result.html'))")
+            assert href == report_link, href
+            page = browser.open(href, "TL;DR.")  # the link, followed: the page over HTTP, not file://
+            browser.screenshot(OUT / "ui-report-over-http.png")
             listing = browser.open(f"{ui}/artifacts", "Artifacts")
         finally:
             browser.close()
         for name, text in (("task-runs", tasks), ("artifacts", arts), ("summary", summary), ("link", link),
-                           ("artifact-list", listing)):
+                           ("artifact-list", listing), ("report", page)):
             (OUT / f"ui-{name}.txt").write_text(text)
-        assert run_name in tasks
+        assert "screen-ui-screen" in tasks and run_name not in tasks, tasks[:2000]  # named by the flow, not at random
+        assert re.search(r"TL;DR\. I trained \d+ LoRA recipes", page), page[:2000]
+        assert "TL;DR." in summary and "114 of 114 cells" in summary, summary[:2000]
         cells_listed = set(re.findall(CELL_RUN, tasks))
         assert len(cells_listed) >= 5, tasks[:2000]
         assert "progress-ui-screen" in arts and "cell-ui-screen-" in arts, arts[:2000]
