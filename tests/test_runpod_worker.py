@@ -569,3 +569,11 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
     assert "rpa_revoked" not in message and "Traceback" not in caplog.text
     assert fake.stats["deployed"] == 0 and fake.live_pods() == []
     print(f"bad key: screen stopped in {elapsed:.1f} s: {message}")
+
+
+def test_slow_answers_periodic_429s_and_a_failing_first_terminate_still_end_with_no_pod(fake: FakeRunPod):
+    fake.faults.delay_s, fake.faults.status_every, fake.faults.first_terminate_status = 0.1, (3, 429), 500
+    _, result, state, _, _ = run_one("complete")
+    assert state.is_completed() and result.status_code == 0
+    assert fake.stats["http_errors"] >= 2 and len(fake._terminate_failed) == 1
+    assert fake.live_pods() == [] and fake.events_of("terminated")

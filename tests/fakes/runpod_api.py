@@ -14,7 +14,9 @@ shows EXITED. Faults, chosen per pod by a seeded RNG or forced by creation index
 - exit0:   the pod reaches RUNNING and its container exits 0 at once, without running its command (work not done);
 - slow start: a long CREATED phase;
 - no capacity: for chosen (account, GPU type, cloud) patterns, or a share of all deploy requests;
-- HTTP errors: the next N requests answered 429 / 5xx;
+- HTTP errors: the next N requests answered 429 / 5xx; or every Nth request (`status_every`); or the first
+  podTerminate of each pod (`first_terminate_status`);
+- slow answers: every answer delayed `delay_s`;
 - bad API key: any key not in `accounts` gets HTTP 401.
 
 Inspection for tests: GET /_fake/pods (live pods), GET /_fake/events (history). Run standalone with
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import string
@@ -113,6 +116,9 @@ class Faults:
     silent_pods: set[int] = field(default_factory=set)
     exit_zero_pods: set[int] = field(default_factory=set)  # creation indices whose container exits 0 without work
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses for the next requests, in order
+    status_every: tuple[int, int] | None = None  # (N, status): every Nth request is answered with that status
+    first_terminate_status: int | None = None  # the first podTerminate of each pod is answered with this status
+    delay_s: float = 0.0  # every answer waits this long
 
 
 @dataclass
@@ -166,6 +172,7 @@ class FakeRunPod:
         self._lock = threading.RLock()
         self._created = 0
         self._stop = threading.Event()
+        self._terminate_failed: set[bytes] = set()  # pods whose first podTerminate got first_terminate_status
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
 
@@ -414,9 +421,19 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length)
         if self.path != "/graphql":
             return self._send(404, {"error": "not found"})
+        if fake.faults.delay_s:
+            time.sleep(fake.faults.delay_s)
         with fake._lock:
             fake.stats["requests"] += 1
             status = fake.faults.fail_next.pop(0) if fake.faults.fail_next else None
+            every = fake.faults.status_every
+            if status is None and every and fake.stats["requests"] % every[0] == 0:
+                status = every[1]
+            terminate = re.search(rb'podTerminate\s*\(\s*input\s*:\s*\{\s*podId\s*:\s*\\?"([^"\\]+)', raw)
+            if (status is None and terminate and fake.faults.first_terminate_status
+                    and terminate.group(1) not in fake._terminate_failed):
+                fake._terminate_failed.add(terminate.group(1))
+                status = fake.faults.first_terminate_status
         if status is not None:
             fake.stats["http_errors"] += 1
             if status == 429:
