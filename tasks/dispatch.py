@@ -19,8 +19,10 @@ most `execution.max_parallel_cells` jobs in flight, one run per job at a time:
 
 Kill criteria 5 and 6 are recorded in the store (`ResultStore.save_gate`), so the report shows them: criterion
 6 (bootstrap silence) is decided by the worker (`gates.bootstrap_silence`) and arrives as the run's
-`eps-screen.gate6` label; each such run is a recorded event. Criterion 5 is decided here by `gates.cost_overrun`;
-a fired outcome is recorded at once, and a dispatch that ends without one records the outcome it last saw.
+`eps-screen.gate6` label; each such run is a recorded event (the run is resubmitted). Criterion 5 is decided here
+by `gates.cost_overrun`, or by the worker on its pod's clock (`max_wall_hours`, label `eps-screen.gate5`, which
+stops dispatch like its own); a fired outcome is recorded at once, and a dispatch that ends without one records
+the outcome it last saw.
 
 Kill criterion 5 (cost overrun) is checked every poll: a job running longer than `gates.max_job_hours`, or
 spend above `gates.spend_factor * budget_usd`. Spend = the pod costs the RunPod worker published as
@@ -265,6 +267,12 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                 del in_flight[job.name]
                 if run.labels and run.labels.get(_marks("GATE6")):
                     await recorder.silence(run, job)
+                if run.labels and run.labels.get(_marks("GATE5")):  # the worker's wall-time backstop fired
+                    why = await recorder.from_label(run, _marks("GATE5"))
+                    cancelled = await _cancel_all(client, in_flight, f"kill criterion 5: {why}", cancel_wait_s, logger)
+                    raise CostOverrun(f"Kill criterion 5 (cost overrun): cell {job.name}'s pod: {why}; cancelled "
+                                      f"{len(cancelled)} cell(s) in flight", done, spend_usd=round(ledger.total([]), 4),
+                                      budget_usd=budget_usd, cancelled=cancelled)
                 permanent = run.labels.get(_marks("PERMANENT")) if run.labels else None
                 if permanent and not state.is_completed():
                     failed.update(dict.fromkeys(job.cell_ids, f"{state.name}: {permanent}"))
@@ -402,6 +410,16 @@ class _GateRecorder:
         except Exception as exc:  # a gate record must never stop the screen
             self.logger.warning("Could not record gate %d in the store (%s: %s)", outcome.number,
                                 type(exc).__name__, str(exc)[:200])
+
+    async def from_label(self, run: Any, label: str) -> str:
+        """A kill criterion the worker decided for this run, recorded as it sent it; returns its reason."""
+        try:
+            outcome = kill.GateOutcome.model_validate(json.loads(run.labels[label]))
+        except ValueError as exc:
+            self.logger.warning("Unreadable gate label on flow run %s (%s)", run.id, exc)
+            return f"the worker's label {label} on flow run {run.id}"
+        await self.save(outcome)
+        return outcome.reason
 
     async def silence(self, run: Any, job: _Job) -> None:
         """A run the worker killed for bootstrap silence: its GateOutcome, with every such event so far."""

@@ -111,7 +111,14 @@ async def _refused(client, run_id):
     await client.set_flow_run_state(run_id, Failed(message=line), force=True)
 
 
-WORKER_FATES = {"killed-then-failed": _killed_then_failed,
+async def _wall(client, run_id):
+    """The worker's own clock passed max_wall_hours (kill criterion 5): it killed the pod and said so."""
+    outcome = gates.cost_overrun(24.5, 0.0, float("inf"), 24.0)
+    await client.update_flow_run_labels(run_id, {marks.KILLED_BY: marks.WORKER, marks.GATE5: outcome.model_dump_json()})
+    await client.set_flow_run_state(run_id, Crashed(message=marks.CRASH_PREFIX + outcome.reason), force=True)
+
+
+WORKER_FATES = {"wall": _wall, "killed-then-failed": _killed_then_failed,
                 "killed-then-failed-unlabelled": lambda c, r: _killed_then_failed(c, r, label=False),
                 "silent": _silent, "refused": _refused}
 
@@ -394,3 +401,13 @@ def test_a_silent_pod_is_a_recorded_gate_event_and_a_quiet_dispatch_records_the_
     assert recorded[6].fired and len(recorded[6].numbers["events"]) == 2
     assert recorded[6].numbers["limit_s"] == 30.0 and "cell c" in recorded[6].reason
     assert not recorded[5].fired
+
+
+def test_a_job_the_worker_killed_past_max_wall_hours_stops_dispatch_and_is_recorded(harness):
+    store = ResultStore(STORE, "unit")
+    with pytest.raises(CostOverrun) as err:
+        dispatch(harness, lambda c, a: "wall" if c == "c0" else "hang", ids("c0", "c1"))
+    assert "longest job 24.50 h (limit 24 h)" in str(err.value) and err.value.cancelled == ids("c1")
+    assert [s for s in LAST[0].seen if s[0] == "c0"] == [("c0", 0, "wall")]  # not resubmitted
+    recorded = {g.number: g for g in collect_gates({"gates": store.gates()})}
+    assert recorded[5].fired and recorded[5].numbers["job_too_long"]

@@ -261,8 +261,10 @@ def test_slow_start_is_waited_for_but_bounded(fake: FakeRunPod):
 
 
 def test_wall_time_limit(fake: FakeRunPod):
-    _, _, state, _, _ = run_one("hang", max_wall_hours=3 / 3600)
+    flow_run, _, state, _, _ = run_one("hang", max_wall_hours=3 / 3600)
     assert state.is_crashed() and "max_wall_hours" in state.message
+    gate = json.loads(_history(flow_run.id)[1].labels["eps-screen.gate5"])  # gates.cost_overrun, for dispatch
+    assert gate["fired"] and gate["numbers"]["job_too_long"] and gate["number"] == 5
     assert fake.live_pods() == []
 
 

@@ -33,6 +33,7 @@ worker leaves live pods alone.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -214,9 +215,10 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                 return Outcome("crash", f"Bootstrap silence (kill criterion 6): pod {pod.pod_id} RUNNING for"
                                         f" {now - running_since:.0f} s but the flow run never started"
                                         f" ({silence.reason})", gate=silence)
-            if now - created > cfg.max_wall_hours * 3600:
+            wall = gates.cost_overrun((now - created) / 3600, 0.0, math.inf, cfg.max_wall_hours)
+            if wall.fired:  # the pod's own clock; dispatch's (from the run leaving Scheduled) usually fires first
                 return Outcome("crash", f"RunPod pod {pod.pod_id} exceeded max_wall_hours={cfg.max_wall_hours:g}"
-                                        " (kill criterion 5)")
+                                        " (kill criterion 5)", gate=wall)
             await anyio.sleep(interval)
 
     async def _record_kill(self, flow_run: FlowRun, outcome: Outcome, logger: Any) -> bool:
@@ -228,8 +230,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             return False
         labels: dict[str, Any] = {marks.KILLED_BY: f"{marks.WORKER}: {outcome.message[:150]}"}
         if outcome.gate is not None:
-            labels[marks.GATE6 if outcome.gate.number == 6 else f"eps-screen.gate{outcome.gate.number}"] = (
-                outcome.gate.model_dump_json())
+            labels[marks.GATE6 if outcome.gate.number == 6 else marks.GATE5] = outcome.gate.model_dump_json()
         await self._label(flow_run.id, labels, logger)
         outcome.message = marks.CRASH_PREFIX + outcome.message
         await self._propose_crashed_state(flow_run, outcome.message)
