@@ -245,7 +245,7 @@ def estimate(config: ScreenConfig) -> Estimate:
     # Phase 3 re-runs at new seeds need their own answer sets (up to one per multi-seed cell, half of them D1).
     regime_tokens["on"] += n_multi / 2 * mean_regime["on"]
     regime_tokens["off"] += n_multi / 2 * mean_regime["off"]
-    if config.off_policy.kind == "jsonl":
+    if config.off_policy.kind != "model":  # a file or a hosted API: no GPU time
         regime_tokens["off"] = 0.0
     prescreen_tokens = sum(answers_per_cell * sequence_tokens(config, a, b)[1] for a in (0, 1) for b in (0, 1) for _ in (0, 1))
 

@@ -39,6 +39,8 @@ def test_levers_and_sources_move_the_estimate():
     config = _qwen()
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
     assert estimate(jsonl).hours["regimes"] < base.hours["regimes"]
+    hosted = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "anthropic", "model": "claude-x"})})
+    assert estimate(hosted).hours["regimes"] == estimate(jsonl).hours["regimes"]  # a hosted API costs no GPU time
 
 
 def test_generation_override_and_the_rate_a_budget_needs():
