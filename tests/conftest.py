@@ -33,3 +33,15 @@ def tiny_config(store: Path, **overrides):
     data = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
     data.update(store=str(store), **overrides)
     return parse_config(data)
+
+
+def qwen7b_config(**sections):
+    """qwen7b.yaml with the named sections updated key by key (section=dict of fields)."""
+    import yaml
+
+    from eps_screen.config import parse_config
+
+    data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return parse_config(data)

@@ -7,16 +7,9 @@ import sys
 
 import yaml
 
-from eps_screen.config import load_config, parse_config
+from eps_screen.config import load_config
 from eps_screen.job.memory import memory_plan, memory_problems, model_params
-from tests.conftest import CONFIGS
-
-
-def _qwen(**sections):
-    data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
-    return parse_config(data)
+from tests.conftest import CONFIGS, qwen7b_config
 
 
 def test_shipped_qwen7b_fits_its_gpu_types():
@@ -29,17 +22,17 @@ def test_shipped_qwen7b_fits_its_gpu_types():
 
 def test_each_gpu_type_that_a_stage_would_not_fit_is_named_with_its_fix():
     eighty = ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]
-    problems = memory_problems(_qwen(execution={"gpu_types": eighty}))
+    problems = memory_problems(qwen7b_config(execution={"gpu_types": eighty}))
     assert len(problems) == 1 and "off-policy answers" in problems[0] and "'NVIDIA A100-SXM4-80GB'" in problems[0]
     assert problems[0].startswith("execution.gpu_types:") and "off_policy.kind: jsonl" in problems[0]
     jsonl = {"kind": "jsonl", "path": "answers.jsonl"}
-    assert memory_problems(_qwen(execution={"gpu_types": eighty}, off_policy=jsonl)) == []
+    assert memory_problems(qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl)) == []
     # without micro-batches a long cell's SFT peaks near 89 GB: fine on the H200, not on an 80 GB card
-    unbatched = _qwen(execution={"gpu_types": eighty}, off_policy=jsonl, training={"max_batch_tokens": None})
+    unbatched = qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl, training={"max_batch_tokens": None})
     assert [p for p in memory_problems(unbatched) if "training needs" in p and "max_batch_tokens" in p]
-    assert not memory_problems(_qwen(execution={"gpu_types": ["NVIDIA H200"]}, off_policy=jsonl,
+    assert not memory_problems(qwen7b_config(execution={"gpu_types": ["NVIDIA H200"]}, off_policy=jsonl,
                                      training={"max_batch_tokens": None}))
-    unknown = memory_problems(_qwen(execution={"gpu_types": ["NVIDIA H9000"]}))
+    unknown = memory_problems(qwen7b_config(execution={"gpu_types": ["NVIDIA H9000"]}))
     assert unknown and "'NVIDIA H9000' has no known memory size" in unknown[0]
 
 

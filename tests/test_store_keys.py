@@ -3,32 +3,22 @@ politely they were produced (store._SPEED_ONLY)."""
 
 from __future__ import annotations
 
-import yaml
-
-from eps_screen.config import parse_config
 from eps_screen.design import Cell
 from eps_screen.store import cell_key, regime_key
-from tests.conftest import CONFIGS
+from tests.conftest import qwen7b_config
 
 CELL = Cell("librarian", (0, 0, 0, 1, 0), 42)
 
 
-def _qwen(**sections):
-    data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
-    return parse_config(data)
-
-
 def test_speed_and_pacing_settings_keep_the_keys():
-    base = _qwen(off_policy={"kind": "anthropic", "model": "claude-x"})
+    base = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"})
     same = [
-        _qwen(off_policy={"kind": "anthropic", "model": "claude-x", "max_concurrent": 16, "requests_per_minute": 500,
+        qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x", "max_concurrent": 16, "requests_per_minute": 500,
                           "max_retries": 2, "timeout_s": 30, "api_key_env": "MY_KEY"}),
-        _qwen(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_max_num_seqs": 512,
+        qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_max_num_seqs": 512,
                                                                           "vllm_gpu_memory_utilization": 0.5}),
-        _qwen(off_policy={"kind": "anthropic", "model": "claude-x"}, training={"max_batch_tokens": 9000, "compile": False}),
-        _qwen(off_policy={"kind": "anthropic", "model": "claude-x"}, execution={"job_eval": "per_job", "cells_per_job": 2,
+        qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, training={"max_batch_tokens": 9000, "compile": False}),
+        qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, execution={"job_eval": "per_job", "cells_per_job": 2,
                                                                                 "engine_cache_dir": "/elsewhere"}),
     ]
     for other in same:
@@ -37,10 +27,10 @@ def test_speed_and_pacing_settings_keep_the_keys():
 
 
 def test_what_changes_the_answers_changes_the_keys():
-    base = _qwen(off_policy={"kind": "anthropic", "model": "claude-x"})
-    other_model = _qwen(off_policy={"kind": "anthropic", "model": "claude-y"})
+    base = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"})
+    other_model = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-y"})
     assert regime_key(other_model, CELL.regime) != regime_key(base, CELL.regime)
     assert cell_key(other_model, CELL) != cell_key(base, CELL)
     # merging the adapter into bf16 weights changes the numbers the evaluation sees
-    merged = _qwen(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_merge_adapter": True})
+    merged = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_merge_adapter": True})
     assert cell_key(merged, CELL) != cell_key(base, CELL)
