@@ -19,9 +19,16 @@ TOTAL = 114  # the plan's distinct cells: 3 x 32 at the primary seed and 18 at t
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
 
+def _of_run(flow_run_id):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    return ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from eps_screen.config import parse_config
     from flows.screen import screen
@@ -36,11 +43,17 @@ def run(tmp_path_factory):
     assert state.is_completed(), state.message
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(state.state_details.flow_run_id)
-        artifacts = {a.key: a for a in client.read_artifacts() if a.flow_run_id == flow_run.id}
+        # Filtered on the server: the session's harness holds every earlier test's logs and artifacts, and an
+        # unfiltered read returns only the first page of them.
+        artifacts = {a.key: a for a in client.read_artifacts(artifact_filter=_of_run(flow_run.id))}
         deadline = time.monotonic() + 30  # log lines reach the server in batches, after the run
         while True:
-            logs = [entry.message for entry in client.read_logs()
-                    if entry.flow_run_id == flow_run.id and entry.task_run_id is None]
+            logs, page = [], None
+            while page is None or len(page) == 200:  # the server's page size
+                page = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])), limit=200,
+                                        offset=len(logs))
+                logs += page
+            logs = [entry.message for entry in logs if entry.task_run_id is None]
             if any(line.startswith("Finished in state") for line in logs) or time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -102,5 +115,5 @@ def test_scheduled_aggregate_skips_a_running_screen_and_labels_counts(run, caplo
     state = aggregate_all(str(store), return_state=True)
     assert set(state.result()) == {"readable"}
     with get_client(sync_client=True) as client:
-        keys = {a.key for a in client.read_artifacts() if a.flow_run_id == state.state_details.flow_run_id}
+        keys = {a.key for a in client.read_artifacts(artifact_filter=_of_run(state.state_details.flow_run_id))}
     assert {"summary-readable", "report-readable"} <= keys

@@ -74,6 +74,7 @@ class Outcome:
     message: str
     flow_run: Optional[FlowRun] = None
     gate: Optional[gates.GateOutcome] = None  # the kill criterion that decided a crash, when one did
+    pod_gone: bool = False  # the pod vanished: no process of it can write to the run any more
 
 
 class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWorkerResult]):
@@ -151,8 +152,12 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         except Exception as exc:  # a bug or a dead Prefect API: never keep paying for the pod
             outcome = Outcome("crash", f"RunPod worker lost track of pod {pod.pod_id}: {type(exc).__name__}: {exc}")
         with anyio.CancelScope(shield=True):
+            if outcome.pod_gone:
+                # Nothing left to race: clean up at once; recording the kill may wait on a slow Prefect API.
+                await self._terminate(pod, logger, outcome, flow_run.id)
             killed = outcome.kind == "crash" and await self._record_kill(flow_run, outcome, logger)  # before the pod
-            await self._terminate(pod, logger, outcome, flow_run.id)
+            if not outcome.pod_gone:
+                await self._terminate(pod, logger, outcome, flow_run.id)
             if outcome.kind == "crash":
                 if killed:
                     await self._crash_again_if_moved(flow_run, outcome, logger)
@@ -182,7 +187,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                 info = await anyio.to_thread.run_sync(pod.api.get_pod, pod.pod_id)
                 if info is None and not await self._in_inventory(pod):
                     return Outcome("crash", f"RunPod pod {pod.pod_id} ({pod.gpu_type}, {pod.cloud}) vanished from"
-                                            f" the inventory of account {pod.account}")
+                                            f" the inventory of account {pod.account}", pod_gone=True)
                 quiet_errors = 0
             except RunPodApiError as exc:
                 info = None
