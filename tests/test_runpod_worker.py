@@ -27,6 +27,7 @@ from eps_screen_runpod.provision import ProvisioningFailed, docker_args_for, pro
 from prefect import flow  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId  # noqa: E402
+from prefect.logging.handlers import APILogHandler  # noqa: E402
 from prefect.settings import PREFECT_API_KEY, temporary_settings  # noqa: E402
 from prefect.states import Cancelling, Completed, Pending  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
@@ -333,8 +334,16 @@ def test_secrets_never_reach_logs_artifacts_or_reprs(fake: FakeRunPod, capfd, ca
         cfg = config(flow_run)
 
         async def collect():
+            # The worker's run logs reach the server through Prefect's batching log thread: drain it, then read
+            # until the line this test looks for has landed (a loaded SQLite server may hold the write).
+            await APILogHandler.aflush()
+            deadline = time.monotonic() + 90
             async with get_client() as client:
-                logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+                while True:
+                    logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+                    if any("Skipping" in log.message for log in logs) or time.monotonic() > deadline:
+                        break
+                    await anyio.sleep(0.5)
                 arts = await client.read_artifacts()
                 return [log.message for log in logs], [json.dumps(a.model_dump(mode="json")) for a in arts]
 

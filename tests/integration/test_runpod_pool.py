@@ -204,7 +204,7 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         assert watcher.writes() == computed
 
         # zero pods left: the worker terminates each pod as its run ends
-        deadline = time.time() + 30
+        deadline = time.time() + 180
         while fake.live_pods() and time.time() < deadline:
             time.sleep(0.5)
         assert [p["id"] for p in fake.live_pods()] == foreign  # ours all gone; the foreign ones untouched
@@ -322,7 +322,7 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
                 flow_id=flow_id, name="runpod-cap", entrypoint="tests/integration/standin_cell.py:cell",
                 work_pool_name=pool,
                 pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
-                job_variables={"command": "python -m prefect.engine", "env": {"STANDIN_SECONDS": "300"}})
+                job_variables={"command": "python -m prefect.engine", "env": {"STANDIN_SECONDS": "900"}})
 
     worker = None
     try:
@@ -337,13 +337,14 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
         config = ScreenConfig(name="cap", store=str(store),
                               backend={"generation": "simulated", "training": "simulated"},
                               execution={"pool": "runpod-gpu", "max_parallel_cells": 3, "gpu_hourly_usd": 36.0})
-        t0 = time.time()
         cells = [f"{name}-A0B0C0D0E0-s1" for name in "abcde"]  # jobs form in regime order: a, b, c first
         with temporary_settings({PREFECT_API_URL: prefect_server}), pytest.raises(CostOverrun) as err:
             dispatch_cells(config, cells, "cell/runpod-cap", budget_usd=0.30, poll_s=1.0)
         assert err.value.outcome == "CostOverrun" and err.value.cancelled == cells[:3]
-        assert err.value.summaries == {} and time.time() - t0 < 120
-        deadline = time.time() + 30
+        assert err.value.summaries == {}
+        # No wall-clock bound: a loaded SQLite server has held the worker's reads for 60 s here. The cells' 900 s
+        # and computed.log below say what must hold: the pods were stopped, not left to finish.
+        deadline = time.time() + 300
         while fake.live_pods() and time.time() < deadline:
             time.sleep(0.5)
         assert fake.live_pods() == [] and fake.running_processes() == []
