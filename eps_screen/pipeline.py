@@ -174,19 +174,16 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
         return out
     trained = [(cell, time.perf_counter(), *_train(config, cell, store)) for cell in todo]
     t = time.perf_counter()
-    jobs, params = [], []
-    for cell, *_ in trained:
-        a, b, c, _, _ = cell.levels
-        prompts = data.eval_prompts(config, a, b, c)
-        jobs.append(([p for *_, p in prompts], str(store.cell_dir(config, cell) / "adapter")))
-        params.append(_eval_params(config, cell.seed))
+    prompt_sets = [data.eval_prompts(config, *cell.levels[:3]) for cell, *_ in trained]
+    jobs = [([p for *_, p in prompts], str(store.cell_dir(config, cell) / "adapter"))
+            for (cell, *_), prompts in zip(trained, prompt_sets, strict=True)]
+    params = [_eval_params(config, cell.seed) for cell, *_ in trained]
     gen = engines.generator(config, config.model.base, trains=True)
     outputs = gen.generate_many(jobs, params)
     eval_s = time.perf_counter() - t
     chars = [sum(len(s) for sampled in outs for s in sampled) for outs in outputs]
-    for (cell, cell_started, adapter, report, timings), outs, n in zip(trained, outputs, chars, strict=True):
-        a, b, c, _, _ = cell.levels
-        prompts = data.eval_prompts(config, a, b, c)
+    for (cell, cell_started, adapter, report, timings), prompts, outs, n in zip(trained, prompt_sets, outputs, chars,
+                                                                               strict=True):
         answers = answers_table(cell.as_dict(), [(panel, persona, q) for panel, persona, q, _ in prompts], outs,
                                 config.marker)
         # One engine call evaluated every cell: each is charged its share of it, by the characters it generated.
