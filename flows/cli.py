@@ -77,13 +77,17 @@ def cmd_run(args) -> int:
         config = config.model_copy(update={"store": args.store})
     _prefect_env()
     if args.submit:  # a run of the `screen` deployment (cpu pool), watched from here
-        from flows.ops import api_problem, submit_screen
+        from flows.ops import CannotSubmit, api_problem, submit_screen
 
         problem = api_problem(required=True)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
-        state = submit_screen(config, _console(), watch=not args.no_watch)
+        try:
+            state = submit_screen(config, _console(), watch=not args.no_watch)
+        except CannotSubmit as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         if state is None or not state.is_final():
             return 0
         if state.is_completed():  # the run's return value stays with the worker; the report is in the store
@@ -121,11 +125,11 @@ def _screen_command(fn):
 
     def run(args) -> int:
         _prefect_env()
-        from flows.ops import ScreenNotFound
+        from flows.ops import CannotSubmit, ScreenNotFound
 
         try:
             return fn(args)
-        except ScreenNotFound as err:
+        except (ScreenNotFound, CannotSubmit) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         except ConfigError as err:

@@ -3,8 +3,10 @@
 Checks, in order: the config is valid; the result store is writable (a URL store: an object written, read back
 and deleted there) and reachable by the pool's cells (RunPod pods need a URL store); the Prefect API answers;
 the pool exists with a worker online; the cell deployment exists; the pool has the credentials it needs (RunPod:
-each account's key is found and RunPod accepts it, by one read call, `myself`, at $RUNPOD_API_BASE_URL). A
-check that cannot run because an earlier one failed is reported as skipped. Exit 1 if any check failed; no
+each account's key is found and RunPod accepts it, by one read call, `myself`, at $RUNPOD_API_BASE_URL). Then,
+for every config (in-process too), the path of a run started from the UI or with `run --submit`: the `cpu` pool
+with a worker online, and the `screen`, `preset` and `aggregate` deployments on it. A check that cannot run
+because an earlier one failed, or that needs a Prefect API when none is configured, is reported as skipped. Exit 1 if any check failed; no
 traceback ever reaches the terminal (each check's exception becomes its line).
 """
 
@@ -14,13 +16,16 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from functools import partial
 from urllib.parse import urlparse
 
 from eps_screen.config import ConfigError, ScreenConfig, load_config
 from eps_screen.store import ResultStore
 
 POOL_TYPES = {"local-gpu": "process", "runpod-gpu": "runpod"}
+UI_POOL = "cpu"
+# Deployments a run started from the UI (or with --submit) needs; deployments/prefect.yaml defines them.
+UI_DEPLOYMENTS = (("screen", "screen/screen"), ("preset", "screen/preset"), ("aggregate", "aggregate-all/aggregate"))
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
 
 
@@ -46,6 +51,7 @@ class Doctor:
         self.api_ok = False
         self.pool = None  # the WorkPool read from the API
         self.deployment = None
+        self.ui_pool = None
 
     # each check returns its detail line, raises Skip, or raises anything else (= failure)
     def check_config(self) -> str:
@@ -109,22 +115,9 @@ class Doctor:
         return f"{self.pool.name!r} (type {self.pool.type}, concurrency limit {self.pool.concurrency_limit})"
 
     def check_workers(self) -> str:
-        from prefect.client.orchestration import get_client
-
         if self.pool is None:
             raise Skip("no pool")
-        with get_client(sync_client=True) as client:
-            workers = client.read_workers_for_work_pool(self.pool.name)
-        now = datetime.now(timezone.utc)
-        def recent(w) -> bool:
-            interval = timedelta(seconds=3 * (w.heartbeat_interval_seconds or 30))
-            return w.last_heartbeat_time is not None and now - w.last_heartbeat_time < interval
-
-        online = [w for w in workers if w.status.value == "ONLINE" or recent(w)]
-        if not online:
-            start = f"prefect worker start --pool {self.pool.name}" + (" --type runpod" if self.pool.type == "runpod" else "")
-            raise LookupError(f"no worker online for pool {self.pool.name!r}: start one ({start}; docs/walkthroughs.md)")
-        return f"{len(online)} online: {', '.join(sorted(w.name for w in online))}"
+        return _workers_line(self.pool.name)
 
     def check_deployment(self) -> str:
         from prefect.client.orchestration import get_client
@@ -170,7 +163,52 @@ class Doctor:
             verify_runpod_key(name, keys[name])
         return f"RunPod key for {', '.join(usable)} accepted by RunPod; image {values['image']}"
 
+    # --- the UI path: a run started from the Prefect UI (or `run --submit`) runs on the `cpu` pool ---
+    def check_ui_pool(self) -> str:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        self._need_api()
+        with get_client(sync_client=True) as client:
+            try:
+                self.ui_pool = client.read_work_pool(UI_POOL)
+            except ObjectNotFound:
+                raise LookupError(f"work pool {UI_POOL!r} (screen runs started from the UI or with --submit) does "
+                                  "not exist: run `eps-screen deploy`") from None
+        if self.ui_pool.type != "process":
+            raise ValueError(f"work pool {UI_POOL!r} has type {self.ui_pool.type!r}, expected 'process'")
+        if self.ui_pool.is_paused:
+            raise ValueError(f"work pool {UI_POOL!r} is paused: prefect work-pool resume {UI_POOL}")
+        return f"{UI_POOL!r} (type process) runs the screen and aggregate deployments"
+
+    def check_ui_workers(self) -> str:
+        self._need_api()
+        if self.ui_pool is None:
+            raise Skip(f"no {UI_POOL} pool")
+        return _workers_line(UI_POOL)
+
+    def check_ui_deployment(self, name: str) -> str:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        self._need_api()
+        with get_client(sync_client=True) as client:
+            try:
+                deployment = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                raise LookupError(f"deployment {name!r} does not exist: run `eps-screen deploy`") from None
+        if deployment.work_pool_name != UI_POOL:
+            raise ValueError(f"deployment {name!r} is on pool {deployment.work_pool_name!r}, not {UI_POOL!r}: "
+                             "run `eps-screen deploy`")
+        return f"{name} on pool {UI_POOL}"
+
     # --- helpers ---
+    def _need_api(self) -> None:
+        from flows.ops import api_url
+
+        if not self.api_ok:
+            raise Skip("no Prefect API configured (PREFECT_API_URL)" if not api_url() else "no Prefect API")
+
     def _need_config(self) -> ScreenConfig:
         if self.config is None:
             raise Skip("no valid config")
@@ -187,7 +225,9 @@ class Doctor:
     def checks(self) -> list[tuple[str, Callable[[], str]]]:
         return [("config", self.check_config), ("store", self.check_store), ("prefect api", self.check_api),
                 ("work pool", self.check_pool), ("workers", self.check_workers),
-                ("cell deployment", self.check_deployment), ("credentials", self.check_credentials)]
+                ("cell deployment", self.check_deployment), ("credentials", self.check_credentials),
+                ("cpu pool", self.check_ui_pool), ("cpu workers", self.check_ui_workers),
+                *[(f"{kind} deployment", partial(self.check_ui_deployment, name)) for kind, name in UI_DEPLOYMENTS]]
 
     def run(self) -> list[Check]:
         results = []
@@ -200,6 +240,18 @@ class Doctor:
                 detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 results.append(Check(name, False, detail))
         return results
+
+
+def _workers_line(pool: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    from flows.workers import no_worker, online_workers
+
+    with get_client(sync_client=True) as client:
+        online = online_workers(client, pool)
+    if not online:
+        raise LookupError(no_worker(pool))
+    return f"{len(online)} online: {', '.join(sorted(w.name for w in online))}"
 
 
 def remote_problem(err: Exception) -> str:

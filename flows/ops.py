@@ -21,9 +21,11 @@ from typing import Any
 
 from eps_screen.config import ScreenConfig, parse_config
 from eps_screen.plan import make_plan, phase_cells
+from eps_screen.presets import screen_name
 from eps_screen.remote import is_url
 from eps_screen.store import ResultStore, local_dir, read_screen, screen_names
 
+REPO = Path(__file__).resolve().parent.parent
 SCREEN_DEPLOYMENT = "screen/screen"
 _RUNNING = {"RUNNING", "PENDING", "CANCELLING"}
 _QUEUED = {"SCHEDULED", "PAUSED"}
@@ -178,7 +180,16 @@ def screen_runs(client, name: str) -> list:
 
     runs = _page(client.read_flow_runs, flow_filter=FlowFilter(name=FlowFilterName(any_=["screen"])),
                  sort=FlowRunSort.EXPECTED_START_TIME_DESC)
-    return [r for r in runs if (r.parameters.get("config") or {}).get("name", "screen") == name]
+    return [r for r in runs if screen_name(r.parameters or {}, base=REPO) == name]
+
+
+def phase_runs(client, run_ids: list) -> dict:
+    """The phase subflow runs of these screen runs: {phase run id: its screen run id}."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    return {phase.id: run_id for run_id in run_ids for phase in _page(
+        client.read_flow_runs, flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(
+            any_=[run_id])))}
 
 
 def add_prefect(status: ScreenStatus, client) -> None:
@@ -196,11 +207,13 @@ def add_prefect(status: ScreenStatus, client) -> None:
     owners = {r.id: r for r in status.screen_runs}
     attempts: dict[str, list[tuple[Any, Any, bool]]] = {}  # cell -> [(time, state, its owner is gone)]
     if owners:
-        tasks = _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(owners))),
+        # in-process cells are tasks of the phase subflows (and, in runs from before the phases, of the screen run)
+        screen_of = {**{i: i for i in owners}, **phase_runs(client, list(owners))}
+        tasks = _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(screen_of))),
                       task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="cell ")))
         for t in tasks:
             cell_id = t.name.removeprefix("cell ")
-            owner = owners.get(t.flow_run_id)
+            owner = owners.get(screen_of.get(t.flow_run_id))
             gone = owner is None or owner.state.is_final() or process_alive(owner) is False
             attempts.setdefault(cell_id, []).append((t.expected_start_time or t.created, t.state, gone))
     tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"]))  # the cell runs dispatch submits
@@ -451,11 +464,33 @@ def run_screen_here(config: ScreenConfig, console):
         return screen(config, return_state=True)
 
 
+class CannotSubmit(RuntimeError):
+    """The `screen` deployment is missing, or its pool has no worker to run it: one line with the fix."""
+
+
+def submit_problem(client) -> str | None:
+    """Why a run of the `screen` deployment would not start now (it would sit Late, silently), or None."""
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.workers import pool_problem
+
+    try:
+        deployment = client.read_deployment_by_name(SCREEN_DEPLOYMENT)
+    except ObjectNotFound:
+        return f"deployment {SCREEN_DEPLOYMENT!r} does not exist: run `eps-screen deploy` from the repository root"
+    return pool_problem(client, deployment.work_pool_name)
+
+
 def submit_screen(config: ScreenConfig, console, watch: bool = True):
-    """A run of the `screen` deployment with this config; watched (progress bar) until it ends unless watch=False."""
+    """A run of the `screen` deployment with this config; watched (progress bar) until it ends unless watch=False.
+    Raises CannotSubmit, before submitting, when no worker could run it."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
+    with get_client(sync_client=True) as client:
+        problem = submit_problem(client)
+    if problem:
+        raise CannotSubmit(problem)
     run = run_deployment(SCREEN_DEPLOYMENT, parameters={"config": config.model_dump(mode="json")}, timeout=0)
     url = ui_url(run.id)
     console.print(f"submitted {SCREEN_DEPLOYMENT} run {run.name} ({run.id})" + (f": {url}" if url else ""))
@@ -473,13 +508,18 @@ def submit_screen(config: ScreenConfig, console, watch: bool = True):
 
 # --- retry and report ---------------------------------------------------------------------------------------------
 def mark_crashed(client, run, why: str) -> int:
-    """Set a dead screen run Crashed, and its task runs still 'Running' with it; returns the task runs changed."""
+    """Set a dead screen run Crashed, and its phase runs and task runs still 'Running' with it; returns the task runs
+    changed."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Crashed
 
     client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+    phases = phase_runs(client, [run.id])
+    for phase in phases:
+        if not client.read_flow_run(phase).state.is_final():
+            client.set_flow_run_state(phase, Crashed(message=why), force=True)
     changed = 0
-    for t in _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))):
+    for t in _page(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id, *phases]))):
         if t.state is not None and not t.state.is_final():
             client.set_task_run_state(t.id, Crashed(message=why), force=True)
             changed += 1

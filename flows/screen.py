@@ -12,6 +12,8 @@ import logging
 import os
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -23,13 +25,14 @@ from eps_screen import design, gates, pipeline
 from eps_screen.config import ScreenConfig
 from eps_screen.design import PRE_SCREEN_ID, Cell
 from eps_screen.plan import make_plan, multiseed_pick
+from eps_screen.presets import screen_name
 from eps_screen.provenance import provenance
 from eps_screen.store import ResultStore
 from flows.aggregate import aggregate, publish
 from flows.ops import record_owner
 from tasks.cells import artifact_key, cell_summary, cell_task, pre_screen_task, regime_task
+from tasks.gates import contamination_gate, cost_gate, judged_gate, smoke_gate
 
-KILLED = "Killed"
 DEPLOYMENTS = {"local-gpu": "cell/cell-local-gpu", "runpod-gpu": "cell/cell-runpod"}
 
 
@@ -69,20 +72,11 @@ class Progress:
             get_run_logger().warning("progress artifact not updated (%s: %s)", type(exc).__name__, str(exc)[:200])
 
 
-def log_gate(outcome: dict) -> None:
-    """One line per kill criterion judged: fired (the screen ends Killed, or for 3-4 is flagged) or passed."""
-    get_run_logger().log(logging.WARNING if outcome["fired"] else logging.INFO, "gate %s (%s): %s: %s",
-                         outcome["number"], outcome["name"], "FIRED" if outcome["fired"] else "passed",
-                         outcome.get("reason", ""))
-
-
 def run_name() -> str:
-    """`screen-<name>`, however the run started (CLI, --submit, the UI's form: config as a model or a dict)."""
+    """`screen-<name>`, however the run started (CLI, --submit, either deployment's form)."""
     from prefect.runtime import flow_run
 
-    config = flow_run.parameters.get("config")
-    name = config.get("name", "screen") if isinstance(config, dict) else getattr(config, "name", "screen")
-    return f"screen-{name}"
+    return f"screen-{screen_name(flow_run.parameters)}"
 
 
 def tag_run(config: ScreenConfig) -> None:
@@ -99,9 +93,11 @@ def tag_run(config: ScreenConfig) -> None:
 
 
 class Stopped(Exception):
-    """A GPU pool's dispatch ended early (spend cap, or cells that failed after every resubmission)."""
+    """The screen ends early in `state`: a gate fired, a GPU pool's dispatch stopped (spend cap, cells failed after
+    every resubmission), or work ran but is not in the store. Raised through the phase subflows to the screen."""
 
     def __init__(self, state):
+        super().__init__(state.message)
         self.state = state
 
 
@@ -152,12 +148,8 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
     try:
         return dispatch_cells(config, ids, DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
     except CostOverrun as stop:
-        outcome = gates.GateOutcome(
-            name=gates.GATE_NAMES[5], number=5, fired=True, reason=str(stop),
-            numbers={"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)},
-        )
-        ResultStore.for_config(config).save_gate(outcome.model_dump(mode="json"))
-        raise Stopped(killed(outcome)) from None
+        numbers = {"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)}
+        _gate(cost_gate(config, str(stop), numbers, return_state=True))
     except CellsFailed as stop:
         failed = "; ".join(f"{c}: {m}" for c, m in list(stop.failed.items())[:5])
         raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
@@ -293,10 +285,6 @@ def _die_with_parent(initializer, initargs) -> None:
         initializer(*initargs)
 
 
-def killed(outcome: gates.GateOutcome):
-    return Failed(name=KILLED, message=f"kill criterion {outcome.number} ({outcome.name}): {outcome.reason}")
-
-
 JOB_NAMES = (
     "Cells are named <source>-A?B?C?D?E?-s<seed> (the level, 0 or 1, of each factor A-E, and the seed). On a GPU "
     "pool each `cell` run is a job of cells run in a row, named <first cell>[+<N more cells>]-a<attempt>: "
@@ -305,68 +293,134 @@ JOB_NAMES = (
 )
 
 
+PHASES = ("Each phase is a subflow (phase 0: pre-screen, phase 1: smoke, phase 2: slab SOURCE, phase 3: multi-seed, "
+          "phase 4: aggregation) and each kill criterion a task (gate 1: pre-screen contamination, gate 2: smoke "
+          "verdict, gates 3-4 after the aggregation); a gate that fires ends its task and the screen Killed. ")
+
+
 @flow(name="screen", on_running=[record_owner],  # `host:pid`, however it started (CLI or worker)
-      flow_run_name=run_name, description="A factorial screen, phases 0-4; gates end it Killed. " + JOB_NAMES)
+      flow_run_name=run_name, description="A factorial screen, phases 0-4; gates end it Killed. " + PHASES + JOB_NAMES)
 def screen(config: ScreenConfig) -> dict:
+    return run_screen(config)
+
+
+def run_screen(config: ScreenConfig):
+    """The body of both screen flows (the full config here, a preset in flows/preset.py)."""
     tag_run(config)
     try:
-        with cell_processes(config) as pool:
-            return _phases(config, pool)
+        pool_has_worker(config)
     except Stopped as stop:
         return stop.state
+    with cell_processes(config) as pool:  # an exception stops its processes; a gate's Stopped has none in flight
+        token = _RUNNING.set((pool, Progress(config)))
+        try:
+            return _phases(config)
+        except Stopped as stop:
+            return stop.state
+        finally:
+            _RUNNING.reset(token)
 
 
-def _phases(config: ScreenConfig, pool):
+def pool_has_worker(config: ScreenConfig) -> None:
+    """A GPU pool with no worker online stops the screen at once, with the command that starts one: its jobs would
+    otherwise sit Late, with no message, for as long as the screen waits."""
+    if config.execution.pool == "inprocess":
+        return
+    from prefect.client.orchestration import get_client
+
+    from flows.workers import pool_problem
+
+    with get_client(sync_client=True) as client:
+        problem = pool_problem(client, config.execution.pool)
+    if problem:
+        get_run_logger().error("%s", problem)
+        raise Stopped(Failed(message=problem))
+
+
+# The running screen's cell processes and progress artifact, for its phase subflows (objects, not parameters:
+# a subflow's parameters are stored in the API).
+_RUNNING: ContextVar[tuple[Any, Progress]] = ContextVar("eps_screen_running")
+
+
+def _cells(config: ScreenConfig, cells: list[Cell]) -> dict[str, dict]:
+    pool, progress = _RUNNING.get()
+    return run_cells(config, cells, progress, pool)
+
+
+@flow(name="phase-0-pre-screen", flow_run_name="phase 0: pre-screen")
+def pre_screen_phase(config: ScreenConfig) -> dict:
+    """The base model on the eval panel under every prompt condition (on the GPU pool when cells go there)."""
+    return _pre_screen(config)
+
+
+@flow(name="phase-1-smoke", flow_run_name="phase 1: smoke")
+def smoke_phase(config: ScreenConfig) -> dict[str, dict]:
+    """The 2^(5-2) smoke fraction on the first source; every cell must be in the store for gate 2."""
+    cells = design.smoke_cells(config)
+    done = _cells(config, cells)
+    store = ResultStore.for_config(config)
+    missing = [c.id for c in cells if store.cell_metrics(config, c) is None]
+    if missing:  # a GPU pool that writes to a store this flow cannot read
+        raise Stopped(Failed(message=f"smoke cells ran but are not in the store {store.location}: {missing}"))
+    return done
+
+
+@flow(name="phase-2-slab", flow_run_name="phase 2: slab {source}")
+def slab_phase(config: ScreenConfig, source: str) -> dict[str, dict]:
+    """All 32 cells of one source at the primary seed (its smoke cells are found finished)."""
+    slab = _cells(config, design.slab_cells(config, source))
+    ResultStore.for_config(config).save_phase(f"slab-{source}", {"source": source, "cells": slab})
+    return slab
+
+
+@flow(name="phase-3-multi-seed", flow_run_name="phase 3: multi-seed")
+def multiseed_phase(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
+    """The top cells of each source again at the extra seeds."""
+    done = _cells(config, [Cell.parse(c) for c in cell_ids])
+    ResultStore.for_config(config).save_phase("multiseed", {"cells": done})
+    return done
+
+
+def _gate(state) -> None:
+    """A gate task's state: Killed stops the screen in that state."""
+    if state.is_failed():
+        raise Stopped(Failed(name=state.name, message=state.message))
+
+
+def _phases(config: ScreenConfig):
     logger = get_run_logger()
     store = ResultStore.for_config(config)
     store.check_writable()
     store.save_screen({"config": config.model_dump(mode="json"), "provenance": provenance()})
-    progress = Progress(config)
+    _, progress = _RUNNING.get()
 
     # Phase 0: the base model must not already emit the marker.
     progress.begin("phase 0: pre-screen")
-    pre = _pre_screen(config)
-    contamination = gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"],
-                                        by_condition=pre.get("by_condition"))
-    store.save_gate(contamination.model_dump(mode="json"))
-    log_gate(contamination.model_dump(mode="json"))
-    if contamination.fired:
-        return killed(contamination)
+    pre = pre_screen_phase(config)
+    _gate(contamination_gate(config, pre, return_state=True))
 
     # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
-    smoke_cells = design.smoke_cells(config)
-    progress.begin(f"phase 1: smoke ({len(smoke_cells)} cells)")
-    smoke = run_cells(config, smoke_cells, progress, pool)
-    metrics = {c.id: store.cell_metrics(config, c) for c in smoke_cells}
-    missing = [cell_id for cell_id, m in metrics.items() if m is None]
-    if missing:  # a GPU pool that writes to a store this flow cannot read
-        return Failed(message=f"smoke cells ran but are not in the store {store.location}: {missing}")
-    rates = [m["source_rate"] for m in metrics.values()]
-    verdict = gates.smoke(rates, config.gates.smoke_floor, config.gates.smoke_ceiling)
-    store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
-    store.save_gate(verdict.model_dump(mode="json"))
-    log_gate(verdict.model_dump(mode="json"))
-    if verdict.fired:
-        return killed(verdict)
+    progress.begin(f"phase 1: smoke ({len(design.smoke_cells(config))} cells)")
+    _gate(smoke_gate(config, smoke_phase(config), return_state=True))
 
-    # Phase 2: all 32 cells of every source at the primary seed (the smoke cells are found finished).
+    # Phase 2: all 32 cells of every source at the primary seed.
     for source in config.sources:
         progress.begin(f"phase 2: slab {source}")
-        slab = run_cells(config, design.slab_cells(config, source), progress, pool)
-        store.save_phase(f"slab-{source}", {"source": source, "cells": slab})
+        slab_phase(config, source)
 
     # Phase 3: the top cells of each source again at the extra seeds.
     multiseed = multiseed_pick(config, store) or []
     progress.begin(f"phase 3: multi-seed ({len(multiseed)} cells)")
-    store.save_phase("multiseed", {"cells": run_cells(config, multiseed, progress, pool)})
+    multiseed_phase(config, [c.id for c in multiseed])
 
     # Phase 4: statistics, the later gates, figures and the clean-result page.
     progress.begin("phase 4: aggregation")
-    result = aggregate(config)
+    result = aggregate.with_options(flow_run_name="phase 4: aggregation")(config)
     publish(config, result)  # the summary and report link on this run too, not only on the aggregate subflow
-    for outcome in sorted(store.gates(), key=lambda g: int(g["number"])):
-        if int(outcome["number"]) >= 3:
-            log_gate(outcome)
+    names = {3: gates.GATE_NAMES[3], 4: gates.GATE_NAMES[4]}
+    names.update((int(g["number"]), g["name"]) for g in store.gates() if int(g["number"]) >= 3)
+    for number, name in sorted(names.items()):
+        judged_gate(config, number, name)
     progress.begin(None)
     logger.info("report: %s (%s)", result.get("url") or result["report"], result["report"])
     fired = result.get("fired") or []

@@ -17,8 +17,10 @@ from tests.fakes.fixtures import TEST_KEY, fake_runpod_fixture  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-CHECKS = ["config", "store", "prefect api", "work pool", "workers", "cell deployment", "credentials"]
-LINE = re.compile(r"^(ok  |FAIL|skip) (config|store|prefect api|work pool|workers|cell deployment|credentials): \S")
+CHECKS = ["config", "store", "prefect api", "work pool", "workers", "cell deployment", "credentials", "cpu pool",
+          "cpu workers", "screen deployment", "preset deployment", "aggregate deployment"]
+LINE = re.compile(rf"^(ok  |FAIL|skip) ({'|'.join(CHECKS)}): \S")
+UI = CHECKS[7:]
 
 
 def write_config(tmp_path: Path, pool: str = "local-gpu", **overrides) -> str:
@@ -53,7 +55,7 @@ def api():
     with get_client(sync_client=True) as client:
         yield client
         for pool in client.read_work_pools():
-            if pool.name in {"local-gpu", "runpod-gpu"}:
+            if pool.name in {"local-gpu", "runpod-gpu", "cpu"}:
                 for dep in client.read_deployments():
                     if dep.work_pool_name == pool.name:
                         client.delete_deployment(dep.id)
@@ -69,19 +71,62 @@ def make_pool(client, name: str, type_: str = "process", **defaults) -> None:
     client.create_work_pool(WorkPoolCreate(name=name, type=type_, base_job_template=template))
 
 
-def make_deployment(client, pool: str, name: str) -> None:
-    flow_id = client.create_flow_from_name("cell")
-    client.create_deployment(flow_id=flow_id, name=name, work_pool_name=pool, entrypoint="flows/cell.py:cell")
+def make_deployment(client, pool: str, name: str, flow: str = "cell") -> None:
+    flow_id = client.create_flow_from_name(flow)
+    client.create_deployment(flow_id=flow_id, name=name, work_pool_name=pool, entrypoint=f"flows/{flow}.py:{flow}")
+
+
+def ui_ready(client, worker: bool = True) -> None:
+    """What a run started from the UI needs: the cpu pool, a worker on it, the screen, preset and aggregate
+    deployments."""
+    make_pool(client, "cpu")
+    if worker:
+        client.send_worker_heartbeat("cpu", "cpu-0", heartbeat_interval_seconds=30)
+    for flow, name in (("screen", "screen"), ("screen", "preset"), ("aggregate-all", "aggregate")):
+        make_deployment(client, "cpu", name, flow)
 
 
 def test_all_checks_pass_for_a_ready_local_gpu_pool(tmp_path, capsys, api):
+    ui_ready(api)
     make_pool(api, "local-gpu")
     api.send_worker_heartbeat("local-gpu", "gpu-0", heartbeat_interval_seconds=30)
     make_deployment(api, "local-gpu", "cell-local-gpu")
     code, lines = doctor(capsys, write_config(tmp_path))
     assert code == 0, lines
     assert "1 online: gpu-0" in lines["workers"]
+    assert lines["cpu workers"] == "ok   cpu workers: 1 online: cpu-0"
+    assert lines["preset deployment"] == "ok   preset deployment: screen/preset on pool cpu"
     assert not (tmp_path / "store").exists()  # the store check creates nothing
+
+
+def test_the_ui_path_is_checked_for_an_in_process_config_too(tmp_path, capsys, api):
+    code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess"))
+    assert code == 1
+    assert lines["work pool"].startswith("skip work pool: cells run in-process")
+    assert lines["cpu pool"] == ("FAIL cpu pool: work pool 'cpu' (screen runs started from the UI or with --submit) "
+                                 "does not exist: run `eps-screen deploy`")
+    assert lines["cpu workers"] == "skip cpu workers: no cpu pool"
+    for kind, name in (("screen", "screen/screen"), ("preset", "screen/preset"), ("aggregate", "aggregate-all/aggregate")):
+        assert lines[f"{kind} deployment"] == (f"FAIL {kind} deployment: deployment {name!r} does not exist: run "
+                                               "`eps-screen deploy`")
+    ui_ready(api, worker=False)
+    code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess"))
+    assert code == 1 and [c for c in CHECKS if lines[c].startswith("FAIL")] == ["cpu workers"]
+    assert lines["cpu workers"] == ("FAIL cpu workers: no worker online for pool 'cpu': start one (prefect worker "
+                                    "start --pool cpu; docs/walkthroughs.md)")
+    api.send_worker_heartbeat("cpu", "cpu-0", heartbeat_interval_seconds=30)
+    code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess"))
+    assert code == 0 and all(lines[c].startswith("ok") for c in UI), lines
+
+
+def test_a_deployment_on_another_pool(tmp_path, capsys, api):
+    ui_ready(api)
+    make_pool(api, "local-gpu")
+    api.delete_deployment(api.read_deployment_by_name("screen/preset").id)
+    make_deployment(api, "local-gpu", "preset", "screen")
+    code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess"))
+    assert code == 1 and lines["preset deployment"] == ("FAIL preset deployment: deployment 'screen/preset' is on "
+                                                        "pool 'local-gpu', not 'cpu': run `eps-screen deploy`")
 
 
 def test_missing_config_file(tmp_path, capsys):
@@ -110,6 +155,7 @@ def test_api_unreachable(tmp_path, capsys):
     assert code == 1
     assert lines["prefect api"] == "FAIL prefect api: Prefect API http://127.0.0.1:9/api is not reachable (ConnectError)"
     assert lines["work pool"] == "skip work pool: no Prefect API"
+    assert all(lines[c] == f"skip {c}: no Prefect API" for c in UI)
 
 
 def test_api_not_set_for_a_gpu_pool(tmp_path, capsys):
@@ -120,6 +166,7 @@ def test_api_not_set_for_a_gpu_pool(tmp_path, capsys):
         assert code == 1 and lines["prefect api"].startswith("FAIL prefect api: PREFECT_API_URL is not set")
         code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess"))  # in-process: a temporary server
         assert code == 0 and "starts a temporary server" in lines["prefect api"]
+        assert all(lines[c] == f"skip {c}: no Prefect API configured (PREFECT_API_URL)" for c in UI), lines
 
 
 def test_pool_missing(tmp_path, capsys, api):

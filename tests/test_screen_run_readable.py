@@ -28,7 +28,13 @@ def _of_run(flow_run_id):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
 
     from eps_screen.config import parse_config
     from flows.screen import screen
@@ -53,24 +59,30 @@ def run(tmp_path_factory):
                 page = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])), limit=200,
                                         offset=len(logs))
                 logs += page
-            logs = [entry.message for entry in logs if entry.task_run_id is None]
-            if any(line.startswith("Finished in state") for line in logs) or time.monotonic() > deadline:
+            # The run's own lines and its gate tasks' (each gate is a task of the screen run; the UI's Logs tab of
+            # the run shows both). Cell tasks run in the phase subflows and log there.
+            done = any(e.message.startswith("Finished in state") for e in logs if e.task_run_id is None)
+            logs = [entry.message for entry in logs]
+            if done or time.monotonic() > deadline:
                 break
             time.sleep(1)
-    return config, store, flow_run, artifacts, logs
+        subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id])))
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    return config, store, flow_run, artifacts, logs, subflows, tasks
 
 
 def test_named_tagged_and_described(run):
     from flows.screen import screen
 
-    _, _, flow_run, _, _ = run
+    _, _, flow_run, *_ = run
     assert flow_run.name == "screen-readable"
     assert "screen:readable" in flow_run.tags
     assert "-a<attempt>" in screen.description and "+<N more cells>" in screen.description
 
 
 def test_log_has_phases_gates_and_counts(run):
-    _, _, _, _, logs = run
+    logs = run[4]
     text = "\n".join(logs)
     for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slab librarian", "phase 3: multi-seed",
                   "phase 4: aggregation"):
@@ -81,7 +93,7 @@ def test_log_has_phases_gates_and_counts(run):
 
 
 def test_artifacts_on_the_screen_run_itself(run):
-    _, _, _, artifacts, _ = run
+    artifacts = run[3]
     assert {"summary-readable", "report-readable", "progress-readable"} <= set(artifacts)
     summary = artifacts["summary-readable"].data
     assert "**TL;DR.**" in summary and "| gate | fired | reason |" in summary
@@ -89,6 +101,18 @@ def test_artifacts_on_the_screen_run_itself(run):
     link = artifacts["report-readable"].data
     assert "http://127.0.0.1:8765/readable/report/clean_result.html" in link and "file://" not in link
     assert artifacts["progress-readable"].description == f"finished: {TOTAL} of {TOTAL} cells"
+
+
+def test_the_graph_shows_phases_as_subflows_and_gates_as_tasks(run):
+    config, _, _, _, _, subflows, tasks = run
+    assert sorted(r.name for r in subflows) == sorted(
+        ["phase 0: pre-screen", "phase 1: smoke", *[f"phase 2: slab {s}" for s in config.sources],
+         "phase 3: multi-seed", "phase 4: aggregation"])
+    assert all(r.state.is_completed() for r in subflows)
+    gate_runs = {t.name: t.state.name for t in tasks if t.name.startswith("gate ")}
+    assert gate_runs == {"gate 1: pre-screen contamination": "Completed", "gate 2: smoke verdict": "Completed",
+                         "gate 3: sign instability": "Completed", "gate 4: all below noise": "Completed"}, gate_runs
+    assert not [t.name for t in tasks if t.name.startswith("cell ")]  # the cells are in the phases, not one fan
 
 
 def test_scheduled_aggregate_skips_a_running_screen_and_labels_counts(run, caplog):

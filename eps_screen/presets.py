@@ -1,0 +1,100 @@
+"""A screen config named the short way: a shipped preset or a file, plus a few overrides.
+
+What the `screen/preset` deployment's form takes (flows/preset.py). Relative paths are read from the working
+directory: a run of that deployment starts in the repository (the directory `prefect deploy` ran in), so a preset
+is deployments/configs/NAME.yaml there, the same file `eps-screen run deployments/configs/NAME.yaml` reads.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eps_screen.config import ConfigError, ScreenConfig, parse_config
+
+PRESET_DIR = Path("deployments") / "configs"
+
+
+def preset_path(preset: str, base: Path | None = None) -> Path:
+    return (base or Path.cwd()) / PRESET_DIR / f"{preset}.yaml"
+
+
+def preset_names(base: Path) -> list[str]:
+    """The presets shipped in `base` (a repository root), sorted."""
+    return sorted(p.stem for p in (base / PRESET_DIR).glob("*.yaml"))
+
+
+def with_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` with `overrides` applied: a dotted key ("execution.pool") sets one field, a mapping value is merged
+    into the section it names ({"eval": {"samples": 2}} keeps eval's other fields)."""
+    out = copy.deepcopy(data)
+    for key, value in overrides.items():
+        parts = str(key).split(".")
+        if not all(parts):
+            raise ConfigError([f"overrides: {key!r} is not a field path; write a dotted path such as execution.pool"])
+        section = out
+        for i, part in enumerate(parts[:-1]):
+            if not isinstance(section.setdefault(part, {}), dict):
+                raise ConfigError([f"overrides: {key!r}: {'.'.join(parts[:i + 1])} is a value, not a section"])
+            section = section[part]
+        last = parts[-1]
+        if isinstance(value, Mapping) and isinstance(section.get(last), dict):
+            section[last] = with_overrides(section[last], value)
+        else:
+            section[last] = copy.deepcopy(value)
+    return out
+
+
+def resolve(preset: str | None, config_path: str | None = None, name: str | None = None, store: str | None = None,
+            overrides: Mapping[str, Any] | None = None, base: Path | None = None) -> ScreenConfig:
+    """The config of a preset (or of config_path, which wins), with name, store and overrides applied; a
+    ConfigError names the field and the fix."""
+    if config_path:
+        path = Path(config_path)
+        path = path if path.is_absolute() else (base or Path.cwd()) / path
+        field = "config_path"
+    elif preset:
+        path, field = preset_path(preset, base), "preset"
+    else:
+        raise ConfigError(["preset: choose a preset (tiny, simulated, qwen7b) or give config_path"])
+    if not path.is_file():
+        where = base or Path.cwd()
+        raise ConfigError([f"{field}: {path} does not exist (read from the run's working directory {where}: run "
+                           "`eps-screen deploy` from the repository root, or give an absolute config_path)"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{field}: {path} is not valid YAML ({err})"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{field}: {path} must be a mapping of config fields"])
+    data = with_overrides(data, overrides or {})
+    data.update({k: v for k, v in (("name", name), ("store", store)) if v})
+    try:
+        return parse_config(data)
+    except ConfigError as err:
+        raise ConfigError([f"{problem} (config from {path}{', with overrides' if overrides else ''})"
+                           for problem in err.problems]) from None
+
+
+def screen_name(parameters: Mapping[str, Any], base: Path | None = None) -> str:
+    """The screen a run of either screen deployment is for, from its parameters: `config` (the full form, the
+    CLI) or the preset form's name / overrides / the preset's own `name`. Never raises: "screen" when unknown."""
+    config = parameters.get("config")
+    if config is not None:
+        found = config.get("name") if isinstance(config, Mapping) else getattr(config, "name", None)
+        return str(found or "screen")
+    overrides = parameters.get("overrides") or {}
+    for found in (parameters.get("name"), overrides.get("name")):
+        if found:
+            return str(found)
+    path = parameters.get("config_path")
+    path = Path(path) if path else preset_path(str(parameters.get("preset") or ""), base)
+    try:
+        data = yaml.safe_load(((base or Path.cwd()) / path).read_text())
+    except (OSError, yaml.YAMLError):
+        return "screen"
+    return str(data.get("name") or "screen") if isinstance(data, dict) else "screen"

@@ -1,0 +1,156 @@
+"""The `screen/preset` deployment (issue 13): a preset's name or a path plus overrides, validated at submit and
+when the run starts; a screen whose cells go to a pool with no worker fails at once with the command that starts
+one; `eps-screen run --submit` says the same for the `cpu` pool instead of leaving a run Late."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eps_screen.config import ConfigError
+from eps_screen.presets import preset_names, resolve, screen_name, with_overrides
+from tests.conftest import CONFIGS, ROOT
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def test_the_dropdown_lists_every_shipped_config():
+    from flows.preset import Preset, screen_preset
+
+    assert sorted(typing.get_args(Preset)) == preset_names(ROOT) == sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    schema = screen_preset.parameters.model_dump()["properties"]
+    assert sorted(schema["preset"]["enum"]) == preset_names(ROOT)
+    assert set(schema) == {"preset", "config_path", "name", "store", "overrides"}
+    for field in schema.values():  # Prefect's form strips angle brackets: a help text must not need them
+        assert field.get("description") and "<" not in field["description"], field
+
+
+def test_overrides_by_dotted_path_and_as_a_partial_config(tmp_path):
+    config = resolve("simulated", name="mine", store=str(tmp_path), base=ROOT,
+                     overrides={"execution.max_parallel_cells": 3, "eval": {"samples": 2}})
+    shipped = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
+    assert (config.name, config.store, config.execution.max_parallel_cells) == ("mine", str(tmp_path), 3)
+    assert config.eval.samples == 2 and config.eval.personas == shipped["eval"]["personas"]  # merged, not replaced
+    assert config.execution.pool == "inprocess"
+    assert with_overrides({"a": {"b": 1}}, {"a.c": 2}) == {"a": {"b": 1, "c": 2}}
+
+
+def test_a_path_instead_of_a_preset(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text((CONFIGS / "tiny.yaml").read_text())
+    assert resolve("simulated", config_path=str(path)).name == "tiny"
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"overrides": {"execution.pool": "gpu-farm"}}, "execution.pool"),
+    ({"overrides": {"name.first": "x"}}, "overrides: 'name.first': name is a value, not a section"),
+    ({"overrides": {"execution..pool": "x"}}, "overrides: 'execution..pool' is not a field path"),
+    ({"name": "Not A Slug!"}, "name"),
+    ({"config_path": "nope.yaml"}, "config_path: "),
+])
+def test_bad_input_names_the_field(kwargs, expected):
+    with pytest.raises(ConfigError) as err:
+        resolve("simulated", base=ROOT, **kwargs)
+    assert err.value.problems[0].startswith(expected), err.value.problems
+
+
+def test_a_preset_outside_the_repository_says_where_it_looked(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        resolve("tiny", base=tmp_path)
+    assert err.value.problems == [f"preset: {tmp_path / 'deployments/configs/tiny.yaml'} does not exist (read from "
+                                  f"the run's working directory {tmp_path}: run `eps-screen deploy` from the "
+                                  "repository root, or give an absolute config_path)"]
+
+
+def test_the_screen_name_of_either_form():
+    assert screen_name({"config": {"name": "full"}}) == "full"
+    assert screen_name({"preset": "tiny"}, base=ROOT) == "tiny"
+    assert screen_name({"preset": "tiny", "name": "mine"}, base=ROOT) == "mine"
+    assert screen_name({"preset": "tiny", "overrides": {"name": "over"}}, base=ROOT) == "over"
+    assert screen_name({"preset": "gone"}, base=ROOT) == "screen"
+
+
+@pytest.fixture
+def client():
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        yield client
+        for dep in client.read_deployments():
+            if dep.work_pool_name in {"cpu", "local-gpu"}:
+                client.delete_deployment(dep.id)
+        for pool in client.read_work_pools():
+            if pool.name in {"cpu", "local-gpu"}:
+                client.delete_work_pool(pool.name)
+
+
+def _pool(client, name: str) -> None:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+
+
+def test_the_server_refuses_a_preset_not_in_the_list(client):
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    from flows.preset import screen_preset
+
+    _pool(client, "cpu")
+    flow_id = client.create_flow_from_name("screen")
+    deployment = client.create_deployment(flow_id=flow_id, name="preset", work_pool_name="cpu",
+                                          entrypoint="flows/preset.py:screen_preset", enforce_parameter_schema=True,
+                                          parameter_openapi_schema=screen_preset.parameters.model_dump())
+    with pytest.raises(PrefectHTTPStatusError) as err:
+        client.create_flow_run_from_deployment(deployment, parameters={"preset": "qwen70b"})
+    assert err.value.response.status_code == 409 and "qwen70b" in err.value.response.text
+    assert client.create_flow_run_from_deployment(deployment, parameters={"preset": "tiny", "name": "ok"}).id
+
+
+def test_a_bad_override_fails_the_run_at_once_naming_the_field(tmp_path):
+    from flows.preset import screen_preset
+
+    state = screen_preset("simulated", store=str(tmp_path), overrides={"execution.pool": "gpu-farm"},
+                          return_state=True)
+    assert state.is_failed() and state.message.startswith("execution.pool: "), state.message
+    assert not (tmp_path / "simulated").exists()
+
+
+def test_cells_for_a_pool_with_no_worker_fail_at_once_with_the_command(tmp_path, client):
+    from flows.preset import screen_preset
+
+    def run():
+        return screen_preset("simulated", name="noworker", store=str(tmp_path),
+                             overrides={"execution.pool": "local-gpu"}, return_state=True)
+
+    state = run()
+    assert state.is_failed() and state.message == "work pool 'local-gpu' does not exist: run `eps-screen deploy`"
+    _pool(client, "local-gpu")
+    state = run()
+    assert state.is_failed() and state.message == (
+        "no worker online for pool 'local-gpu': start one (deployments/pools/start-local-gpu-workers.sh; "
+        "docs/walkthroughs.md)")
+    assert not list(Path(tmp_path).glob("noworker/cells/*"))
+    assert client.read_flow_run(state.state_details.flow_run_id).name == "screen-noworker"
+
+
+def test_submit_with_no_cpu_worker_is_one_line_not_a_late_run(tmp_path, client, capsys):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from flows.cli import main
+
+    path = tmp_path / "screen.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load((CONFIGS / "simulated.yaml").read_text()),
+                                    "store": str(tmp_path / "store")}))
+    assert main(["run", str(path), "--submit", "--no-watch"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: deployment 'screen/screen' does not exist: run `eps-screen "
+                                               "deploy` from the repository root")
+    _pool(client, "cpu")
+    deployment = client.create_deployment(flow_id=client.create_flow_from_name("screen"), name="screen",
+                                          work_pool_name="cpu", entrypoint="flows/screen.py:screen")
+    assert main(["run", str(path), "--submit", "--no-watch"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: no worker online for pool 'cpu': start one (prefect worker "
+                                               "start --pool cpu; docs/walkthroughs.md)")
+    assert client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))) == []
