@@ -23,21 +23,14 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.states import Pending
-from prefect.testing.utilities import prefect_test_harness
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(120)]  # the session's server
 POOL = "runpod-cost"
 
 
 @flow(name="runpod-cost-flow")
 def cost_flow() -> None:
     pass
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness():
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
 
 
 def a_cost(pod_id: str, usd_per_hour: float = 3.6) -> PodCost:

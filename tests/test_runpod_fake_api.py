@@ -144,3 +144,15 @@ def test_slow_start_and_terminate(fake_runpod: FakeRunPod):
     api().terminate_pod(pod["id"])
     assert fake_runpod.running_processes() == [] and fake_runpod.live_pods() == []
     assert requests.get(f"{fake_runpod.url}/_fake/pods", timeout=5).json() == []
+
+
+def test_late_pod_starts_its_command_late_and_is_stopped_with_sigterm_first(fake_runpod: FakeRunPod, tmp_path: Path):
+    fake_runpod.faults.late_pods, fake_runpod.faults.late_start_s = {0}, 1.0
+    started, termed = tmp_path / "started", tmp_path / "sigterm"
+    pod = deploy(api(), f"trap 'touch {termed}; exit 0' TERM; touch {started}; sleep 30 & wait")
+    wait_for(started.exists)
+    running, command = fake_runpod.events_of("running")[0]["t"], fake_runpod.events_of("command_started")[0]["t"]
+    assert command - running >= 1.0  # the fake's own clock: RUNNING, then the command a second later
+    api().terminate_pod(pod["id"])
+    wait_for(lambda: not fake_runpod.running_processes())
+    assert termed.exists() and fake_runpod.live_pods() == []  # SIGTERM reached the command before any SIGKILL

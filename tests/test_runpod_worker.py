@@ -26,11 +26,17 @@ from eps_screen_runpod.cost import read_pod_costs  # noqa: E402
 from eps_screen_runpod.provision import ProvisioningFailed, docker_args_for, provision  # noqa: E402
 from prefect import flow  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId  # noqa: E402
+from prefect.client.schemas.filters import (  # noqa: E402
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    DeploymentFilter,
+    DeploymentFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.logging.handlers import APILogHandler  # noqa: E402
 from prefect.settings import PREFECT_API_KEY, temporary_settings  # noqa: E402
 from prefect.states import Cancelling, Completed, Pending  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 from prefect.workers.base import BaseWorker  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
@@ -50,10 +56,9 @@ def unit_flow() -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def harness():
-    with prefect_test_harness(server_startup_timeout=90):
-        anyio.run(create_pool)
-        yield
+def harness(prefect_harness):
+    """The session's temporary server (tests/conftest.py), with this module's work pool."""
+    anyio.run(create_pool)
 
 
 async def create_pool() -> None:
@@ -108,13 +113,12 @@ async def final_state(flow_run_id):
 
 
 def run_one(mode: str = "complete", seconds: float = 0.5, during=None, **overrides: Any):
-    """Create a flow run, let the worker run it; returns (flow_run, result, final state, started pid, seconds)."""
+    """Create a flow run, let the worker run it; returns (flow_run, result, final state, started pid)."""
 
     async def main():
         flow_run = await new_flow_run()
         cfg = config(flow_run, mode, seconds, **overrides)
         started = Started()
-        t0 = time.monotonic()
         async with RunPodWorker(work_pool_name=POOL) as worker:
             if during is None:
                 result = await worker.run(flow_run, cfg, task_status=started)
@@ -123,7 +127,7 @@ def run_one(mode: str = "complete", seconds: float = 0.5, during=None, **overrid
                     tg.start_soon(during, flow_run, started)
                     result = await worker.run(flow_run, cfg, task_status=started)
                     tg.cancel_scope.cancel()
-        return flow_run, result, await final_state(flow_run.id), started.value, time.monotonic() - t0
+        return flow_run, result, await final_state(flow_run.id), started.value
 
     return anyio.run(main)
 
@@ -143,7 +147,7 @@ def test_worker_type_is_registered_with_described_fields():
 
 def test_completed_run_terminates_pod_reports_cost_and_sends_only_needed_env(fake: FakeRunPod):
     with temporary_settings({PREFECT_API_KEY: PREFECT_KEY}):
-        flow_run, result, state, pid, _ = run_one(env={"HF_HOME": "/workspace/hf"})
+        flow_run, result, state, pid = run_one(env={"HF_HOME": "/workspace/hf"})
     assert result.status_code == 0 and state.is_completed()
     assert pid and pid.startswith("main:")
     assert fake.live_pods() == [] and fake.running_processes() == []
@@ -203,10 +207,13 @@ def test_max_hourly_price_and_no_capacity_anywhere_fail_provisioning(fake: FakeR
 def test_vanished_pod_crashes_the_run_quickly(fake: FakeRunPod):
     fake.faults.vanish_pods = {0}
     fake.faults.vanish_after_s = (2.5, 2.5)
-    flow_run, result, state, _, _ = run_one("hang")
-    vanished = fake.events_of("vanished")[0]["t"]
+    flow_run, result, state, _ = run_one("hang")
     assert result.status_code != 0 and state.is_crashed() and "vanished" in state.message
-    assert state.timestamp.timestamp() - vanished < 5  # poll 0.5 s; the issue's bound is 60 s
+    # "Quickly" on the worker's own clock: vanish -> its terminate of the pod that is gone. Each poll (0.5 s) waits
+    # at most API_READ_TIMEOUT_S (5 s) on the Prefect API and then asks the fake on loopback, so 30 s is a margin of
+    # many polls, not a race with a loaded server (the run's Crashed timestamp also waits on the server's writes).
+    noticed = fake.events_of("terminate_missing")[0]["t"] - fake.events_of("vanished")[0]["t"]
+    assert 0 <= noticed < 30, noticed
     assert fake.running_processes() == []
 
 
@@ -216,30 +223,37 @@ def test_a_slow_prefect_api_does_not_delay_vanish_detection(fake: FakeRunPod, mo
     from eps_screen_runpod.worker import API_READ_TIMEOUT_S
 
     read = PrefectClient.read_flow_run
+    holds = {"started": 0, "waited_out": 0}
 
     async def held(self, flow_run_id):  # while the pod lives, reads wait like a SQLite server's 60 s lock wait
         if fake.live_pods():
+            holds["started"] += 1
             await anyio.sleep(120)
+            holds["waited_out"] += 1
         return await read(self, flow_run_id)
 
     monkeypatch.setattr(PrefectClient, "read_flow_run", held)
     fake.faults.vanish_pods = {0}
     fake.faults.vanish_after_s = (1.0, 1.0)
-    _, result, state, _, elapsed = run_one("hang")
+    _, result, state, _ = run_one("hang")
     noticed = fake.events_of("terminate_missing")[0]["t"] - fake.events_of("vanished")[0]["t"]
     assert result.status_code != 0 and state.is_crashed() and "vanished" in state.message
-    assert noticed < API_READ_TIMEOUT_S + 2 and elapsed < 30
+    # The worker gave up on every held read (its own API_READ_TIMEOUT_S) and checked the pod: none of the 120 s
+    # holds ran out. Without the timeout the first hold is waited out (measured: detection after 119 s).
+    assert holds["started"] >= 1 and holds["waited_out"] == 0, holds
+    # On the worker's clock, a few of its own read timeouts at most: a margin, not a race with the box's load
+    assert noticed < 6 * API_READ_TIMEOUT_S, noticed
 
 
 def test_container_exit_without_final_state_crashes(fake: FakeRunPod):
-    _, result, state, _, _ = run_one("exit")
+    _, result, state, _ = run_one("exit")
     assert state.is_crashed() and "container exited" in state.message
     assert fake.live_pods() == []
 
 
 def test_a_container_that_exits_0_without_its_work_crashes_the_run(fake: FakeRunPod):
     fake.faults.exit_zero_pods = {0}  # exit code 0 is not success: the flow run never ran
-    _, result, state, _, _ = run_one("complete")
+    _, result, state, _ = run_one("complete")
     assert [e["exit_code"] for e in fake.events_of("exited")] == [0]
     assert result.status_code != 0 and state.is_crashed() and "container exited" in state.message
     assert fake.live_pods() == []
@@ -247,22 +261,24 @@ def test_a_container_that_exits_0_without_its_work_crashes_the_run(fake: FakeRun
 
 def test_bootstrap_silence_crashes_and_terminates(fake: FakeRunPod):
     fake.faults.silent_pods = {0}
-    _, result, state, _, elapsed = run_one(bootstrap_timeout_s=2)
+    flow_run, result, state, _ = run_one(bootstrap_timeout_s=2)
     assert state.is_crashed() and "Bootstrap silence (kill criterion 6)" in state.message
-    assert elapsed < 10 and fake.live_pods() == []
+    gate = json.loads(_history(flow_run.id)[1].labels["eps-screen.gate6"])  # decided by the silence rule, 2 s limit
+    assert gate["fired"] and gate["numbers"]["limit_s"] == 2 and not gate["numbers"]["progress_reported"]
+    assert fake.live_pods() == []
 
 
 def test_slow_start_is_waited_for_but_bounded(fake: FakeRunPod):
     fake.faults.start_delay_s = (2.0, 2.0)
-    _, _, state, _, _ = run_one(start_timeout_s=20)
+    _, _, state, _ = run_one(start_timeout_s=20)
     assert state.is_completed()
-    _, _, state, _, _ = run_one(start_timeout_s=1)
+    _, _, state, _ = run_one(start_timeout_s=1)
     assert state.is_crashed() and "did not reach RUNNING" in state.message
     assert fake.live_pods() == []
 
 
 def test_wall_time_limit(fake: FakeRunPod):
-    flow_run, _, state, _, _ = run_one("hang", max_wall_hours=3 / 3600)
+    flow_run, _, state, _ = run_one("hang", max_wall_hours=3 / 3600)
     assert state.is_crashed() and "max_wall_hours" in state.message
     gate = json.loads(_history(flow_run.id)[1].labels["eps-screen.gate5"])  # gates.cost_overrun, for dispatch
     assert gate["fired"] and gate["numbers"]["job_too_long"] and gate["number"] == 5
@@ -275,7 +291,7 @@ def test_api_errors_while_watching_are_survived(fake: FakeRunPod):
             await anyio.sleep(0.1)
         fake.faults.fail_next = [503, 429, 502, 500]
 
-    _, _, state, _, _ = run_one("complete", 3, during=flaky)
+    _, _, state, _ = run_one("complete", 3, during=flaky)
     assert state.is_completed() and fake.stats["http_errors"] == 4
     assert fake.live_pods() == []
 
@@ -288,7 +304,7 @@ def test_cancellation_terminates_the_pod(fake: FakeRunPod):
         async with get_client() as client:
             await client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
 
-    _, result, state, _, _ = run_one("hang", during=cancel)
+    _, result, state, _ = run_one("hang", during=cancel)
     assert state.is_cancelled() and result.status_code == 0
     assert fake.live_pods() == [] and fake.running_processes() == []
 
@@ -315,7 +331,7 @@ def test_hostile_command_and_env_reach_the_pod_intact(fake: FakeRunPod, tmp_path
     hostile = 'a "quoted" \\ back\\slash\nnew line } { $HOME `x` \'single\' \u00e9 \U0001F600'
     command = f"printf '%s' \"$HOSTILE\" > {out}; printf '%s' '}}}}\"{{{{' >> {out}; python {SCRIPT} complete 0.2"
 
-    _, _, state, _, _ = run_one(command=command, env={"HOSTILE": hostile})
+    _, _, state, _ = run_one(command=command, env={"HOSTILE": hostile})
     assert state.is_completed()
     assert out.read_text() == hostile + '}}"{{'
     deploys = [d for d in fake.documents if "podFindAndDeployOnDemand" in d]
@@ -330,7 +346,7 @@ def test_secrets_never_reach_logs_artifacts_or_reprs(fake: FakeRunPod, capfd, ca
     caplog.set_level(logging.DEBUG, logger="eps_screen_runpod")
     fake.faults.no_capacity = [(None, GPUS[0], None)]
     with temporary_settings({PREFECT_API_KEY: PREFECT_KEY}):
-        flow_run, _, state, _, _ = run_one("env", env={"ENV_DUMP": str(Path(fake.log_dir) / "env.txt")})
+        flow_run, _, state, _ = run_one("env", env={"ENV_DUMP": str(Path(fake.log_dir) / "env.txt")})
         cfg = config(flow_run)
 
         async def collect():
@@ -344,7 +360,9 @@ def test_secrets_never_reach_logs_artifacts_or_reprs(fake: FakeRunPod, capfd, ca
                     if any("Skipping" in log.message for log in logs) or time.monotonic() > deadline:
                         break
                     await anyio.sleep(0.5)
-                arts = await client.read_artifacts()
+                # this run's (the session's server holds every earlier test's): the worker's pod cost record
+                arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
                 return [log.message for log in logs], [json.dumps(a.model_dump(mode="json")) for a in arts]
 
         logs, artifacts = anyio.run(collect)
@@ -441,7 +459,7 @@ def test_a_silence_decision_on_a_stale_read_is_checked_again_before_the_kill(fak
 
     monkeypatch.setattr(RunPodApi, "get_pod", engine_starts_during_the_call)
     fake.faults.silent_pods = {0}
-    flow_run, result, state, _, _ = run_one(bootstrap_timeout_s=2, during=completes_later)
+    flow_run, result, state, _ = run_one(bootstrap_timeout_s=2, during=completes_later)
     states, _ = _history(flow_run.id)
     assert moved and state.is_completed() and result.status_code == 0
     assert not any(s.is_crashed() for s in states), [s.name for s in states]
@@ -472,7 +490,7 @@ def test_an_infrastructure_kill_stays_one_when_the_dying_flow_writes_failed(fake
 
     monkeypatch.setattr(RunPodApi, "terminate_pod", racing_terminate)
     fake.faults.silent_pods = {0}
-    flow_run, result, state, _, _ = run_one(bootstrap_timeout_s=2)
+    flow_run, result, state, _ = run_one(bootstrap_timeout_s=2)
     states, run = _history(flow_run.id)
     names = [s.name for s in states]
     assert result.status_code != 0 and state.is_crashed(), names
@@ -491,13 +509,17 @@ def test_an_infrastructure_kill_stays_one_when_the_dying_flow_writes_failed(fake
 def test_a_rejected_key_fails_the_run_at_once_with_one_line_and_no_traceback(fake: FakeRunPod, monkeypatch, caplog):
     monkeypatch.setenv("RUNPOD_API_KEY", "rpa_not_a_key_of_this_account")
     caplog.set_level(logging.INFO)
-    flow_run, result, state, _, elapsed = run_one()
+    flow_run, result, state, _ = run_one()
     _, run = _history(flow_run.id)
     assert state.is_failed() and "account 'main'" in state.message and "HTTP 401" in state.message
     assert "\n" not in state.message and run.labels["eps-screen.permanent-failure"] == state.message
-    assert "Traceback" not in caplog.text and elapsed < 10 and fake.live_pods() == []
+    # at once: provisioning's first request was refused and nothing was retried (the others are the reaper's pod
+    # listings, `myself { pods }`, one per account per pass)
+    provisioning = [body for body in fake.refused_bodies if "myself" not in body]
+    assert len(provisioning) == 1 and "gpuTypes" in provisioning[0], fake.refused_bodies
+    assert "Traceback" not in caplog.text and fake.live_pods() == []
     # a GPU type RunPod does not know is as permanent; a transient failure (no capacity) is not
-    _, _, state, _, _ = run_one(gpu_types=["NVIDIA H900"], accounts=[{"name": "main", "api_key_env": "SPARE_RUNPOD_KEY"}])
+    _, _, state, _ = run_one(gpu_types=["NVIDIA H900"], accounts=[{"name": "main", "api_key_env": "SPARE_RUNPOD_KEY"}])
     assert state.is_failed() and "does not know this GPU type" in state.message
     fake.faults.no_capacity = [(None, None, None)]
     with pytest.raises(ProvisioningFailed):
@@ -575,7 +597,17 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
         thread.join(timeout=30)
     elapsed = time.monotonic() - t0
     message = err.value.state.message
-    assert elapsed < 60, elapsed
+
+    async def screen_runs():
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name("cell/cell-runpod")
+            return await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+
+    # What took 16 minutes was 224 resubmitted runs. Here: the first wave of jobs only (max_parallel_cells 3), each
+    # tried once, and the screen stopped on the first refusal, not on a clock of this loaded box.
+    runs = anyio.run(screen_runs)
+    assert 1 <= len(runs) <= 3 and all(r.name.endswith("-a0") for r in runs), [r.name for r in runs]
     assert "\n" not in message and "account 'lab'" in message and "HTTP 401" in message, message
     assert "rpa_revoked" not in message and "Traceback" not in caplog.text
     assert fake.stats["deployed"] == 0 and fake.live_pods() == []
@@ -584,7 +616,7 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
 
 def test_slow_answers_periodic_429s_and_a_failing_first_terminate_still_end_with_no_pod(fake: FakeRunPod):
     fake.faults.delay_s, fake.faults.status_every, fake.faults.first_terminate_status = 0.1, (3, 429), 500
-    _, result, state, _, _ = run_one("complete")
+    _, result, state, _ = run_one("complete")
     assert state.is_completed() and result.status_code == 0
     assert fake.stats["http_errors"] >= 2 and len(fake._terminate_failed) == 1
     assert fake.live_pods() == [] and fake.events_of("terminated")

@@ -190,8 +190,10 @@ def test_qwen7b_size_screen_is_fast():
     smoke_at_own_seed = [Cell("librarian", c.levels, 43) for c in slab[:8]]
     cells = slab + multiseed + smoke_at_own_seed
     assert len({c.id for c in cells}) == 122
-    t = time.perf_counter()
+    # This process's CPU time (all its threads), not the wall clock: other work on a loaded 2-core box stretches the
+    # wall clock, not the CPU this simulation burns (about 0.25 s here).
+    cpu = time.process_time()
     df = simulate_screen(CONFIG, cells)
-    elapsed = time.perf_counter() - t
+    cpu_s = time.process_time() - cpu
     assert df.filter(pl.col("panel") == "persona").height == 122 * 2400
-    assert elapsed < 5.0, f"simulating 122 cells took {elapsed:.1f} s"
+    assert cpu_s < 5.0, f"simulating 122 cells took {cpu_s:.1f} s of CPU"

@@ -12,6 +12,9 @@ shows EXITED. Faults, chosen per pod by a seeded RNG or forced by creation index
 - vanish:  some seconds after RUNNING the process group is killed and the pod leaves the inventory;
 - silent:  the pod reaches RUNNING but the command never starts (a bootstrap that never reports);
 - exit0:   the pod reaches RUNNING and its container exits 0 at once, without running its command (work not done);
+- late:    the pod reaches RUNNING and its command starts only `late_start_s` later (an engine start that runs up to
+           the bootstrap-silence limit); podTerminate stops it as `docker stop` does, SIGTERM first and SIGKILL
+           `stop_grace_s` later, so a flow that has just started can write its own last state as it dies;
 - slow start: a long CREATED phase;
 - no capacity: for chosen (account, GPU type, cloud) patterns, or a share of all deploy requests;
 - HTTP errors: the next N requests answered 429 / 5xx; or every Nth request (`status_every`); or the first
@@ -115,6 +118,9 @@ class Faults:
     vanish_pods: set[int] = field(default_factory=set)  # creation indices (0-based) forced to vanish
     silent_pods: set[int] = field(default_factory=set)
     exit_zero_pods: set[int] = field(default_factory=set)  # creation indices whose container exits 0 without work
+    late_pods: set[int] = field(default_factory=set)  # creation indices whose command starts late_start_s after RUNNING
+    late_start_s: float = 0.0
+    stop_grace_s: float = 10.0  # a late pod's SIGTERM -> SIGKILL on podTerminate (docker stop's default)
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses for the next requests, in order
     status_every: tuple[int, int] | None = None  # (N, status): every Nth request is answered with that status
     first_terminate_status: int | None = None  # the first podTerminate of each pod is answered with this status
@@ -134,7 +140,7 @@ class FakePod:
     docker_args: str
     env: dict[str, str]
     cost_per_hr: float
-    fate: str  # normal | vanish | silent | exit0
+    fate: str  # normal | vanish | silent | exit0 | late
     start_delay_s: float
     vanish_after_s: float
     created_at: float = field(default_factory=time.time)
@@ -167,12 +173,14 @@ class FakeRunPod:
         self.pods: dict[str, FakePod] = {}
         self.events: list[dict[str, Any]] = []
         self.documents: list[str] = []  # every GraphQL document received, for tests of escaping
+        self.refused_bodies: list[str] = []  # the body of each request answered 401 (bad key), to tell them apart
         self.stats = {"requests": 0, "http_errors": 0, "unauthorized": 0, "no_capacity": 0, "deployed": 0}
         self._rng = random.Random(self.faults.seed)
         self._lock = threading.RLock()
         self._created = 0
         self._stop = threading.Event()
         self._terminate_failed: set[bytes] = set()  # pods whose first podTerminate got first_terminate_status
+        self._stopping: dict[str, tuple[FakePod, float]] = {}  # terminated late pods still dying: (pod, SIGKILL at)
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
 
@@ -195,9 +203,10 @@ class FakeRunPod:
     def stop(self) -> None:
         self._stop.set()
         with self._lock:
-            for pod in list(self.pods.values()):
+            for pod in [*self.pods.values(), *(p for p, _ in self._stopping.values())]:
                 self._kill(pod)
             self.pods.clear()
+            self._stopping.clear()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -217,8 +226,10 @@ class FakeRunPod:
             return [p.public() for p in self.pods.values()]
 
     def running_processes(self) -> list[int]:
+        """Live pod processes, including those of terminated pods still within their stop grace."""
         with self._lock:
-            return [p.pid for p in self.pods.values() if p.process is not None and p.process.poll() is None]
+            pods = [*self.pods.values(), *(p for p, _ in self._stopping.values())]
+            return [p.pid for p in pods if p.process is not None and p.process.poll() is None]
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -235,13 +246,21 @@ class FakeRunPod:
             with self._lock:
                 for pod in list(self.pods.values()):
                     self._tick(pod, now)
+                for pod_id, (pod, kill_at) in list(self._stopping.items()):
+                    if pod.process is None or pod.process.poll() is not None or now >= kill_at:
+                        self._kill(pod)
+                        del self._stopping[pod_id]
 
     def _tick(self, pod: FakePod, now: float) -> None:
         if pod.status == "CREATED" and now >= pod.created_at + pod.start_delay_s:
             pod.status, pod.running_at = "RUNNING", now
             self._event(pod, "running", fate=pod.fate)
-            if pod.fate != "silent":
+            if pod.fate not in ("silent", "late"):
                 self._spawn(pod)
+        elif (pod.status == "RUNNING" and pod.fate == "late" and pod.process is None
+              and now >= pod.running_at + self.faults.late_start_s):
+            self._spawn(pod)
+            self._event(pod, "command_started")
         elif pod.status == "RUNNING" and pod.process is not None and pod.process.poll() is not None:
             pod.status, pod.exit_code = "EXITED", pod.process.returncode
             self._event(pod, "exited", exit_code=pod.exit_code)
@@ -296,7 +315,7 @@ class FakeRunPod:
             roll = self._rng.random()
             fate = ("vanish" if index in f.vanish_pods or (roll < f.vanish_rate and index not in f.silent_pods)
                     else "silent" if index in f.silent_pods or roll < f.vanish_rate + f.silent_rate
-                    else "exit0" if index in f.exit_zero_pods else "normal")
+                    else "exit0" if index in f.exit_zero_pods else "late" if index in f.late_pods else "normal")
             gpu = self.gpus[gpu_type]
             price = gpu["securePrice" if cloud != "COMMUNITY" else "communityPrice"] * (inp.get("gpuCount") or 1)
             pod = FakePod(
@@ -319,9 +338,16 @@ class FakeRunPod:
                 self.events.append({"event": "terminate_missing", "pod_id": pod_id, "account": account,
                                     "t": time.time()})
                 raise GraphQLError(f"Pod {pod_id} not found")
-            self._kill(pod)
+            if pod.fate == "late" and pod.process is not None and pod.process.poll() is None:
+                try:  # the tick loop sends SIGKILL after the grace, if the process is still there
+                    os.killpg(pod.process.pid, signal.SIGTERM)
+                    self._stopping[pod_id] = (pod, time.time() + self.faults.stop_grace_s)
+                except ProcessLookupError:
+                    pass
+            else:
+                self._kill(pod)
             del self.pods[pod_id]
-            self._event(pod, "terminated", was=pod.status)
+            self._event(pod, "terminated", was=pod.status, started=pod.process is not None)
 
     def pod(self, account: str, pod_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -443,6 +469,7 @@ class _Handler(BaseHTTPRequestHandler):
         account = fake.accounts.get(auth.removeprefix("Bearer ").strip())
         if account is None:
             fake.stats["unauthorized"] += 1
+            fake.refused_bodies.append(raw.decode(errors="replace"))
             return self._send(401, {"errors": [{"message": "Unauthorized"}]})
         try:
             payload = json.loads(raw)

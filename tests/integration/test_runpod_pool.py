@@ -2,8 +2,10 @@
 (`prefect worker start --pool P --type runpod`) and the fake RunPod API, with 25% of pods vanishing after
 RUNNING and ~10% no-capacity answers. Every cell completes, none is recomputed, no pod is left, vanished
 pods are detected in well under 60 s, and no API key shows up in any output or artifact. Issue 11 adds three
-foreign pods on the account (never touched) and, with EPS_IT_EXIT0_EVERY=N, 1 pod in N whose container exits 0
-without doing its work (each such run Crashed and resubmitted).
+foreign pods on the account (never touched); one pod whose engine starts just around the bootstrap-silence limit
+(killed or not, its cell completes; a kill is a recorded gate-6 event and never the flow's failure); and, with
+EPS_IT_EXIT0_EVERY=N, 1 pod in N whose container exits 0 without doing its work (each such run Crashed and
+resubmitted).
 
 The cells run the real `cell` flow (flows/cell.py) on the simulated backend, one 32-cell slab; set
 EPS_IT_CELL=standin to use tests/integration/standin_cell.py instead. "Recomputed" is observed directly: a
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from eps_screen_runpod import RunPodWorker  # noqa: E402
+from eps_screen_runpod import RunPodWorker, marks  # noqa: E402
 from eps_screen_runpod.cost import ARTIFACT_DESCRIPTION, cost_key, pod_costs  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import (  # noqa: E402
@@ -38,6 +40,7 @@ from prefect.client.schemas.filters import (  # noqa: E402
 from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings  # noqa: E402
 
 from eps_screen import design  # noqa: E402
+from eps_screen.aggregate import collect_gates  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
 from eps_screen.store import ResultStore  # noqa: E402
 from tasks.dispatch import dispatch_cells  # noqa: E402
@@ -51,6 +54,11 @@ PREFECT_KEY = "pnu_INTEGRATIONPREFECTKEY_abcdefghijklmnop"
 POOL = "runpod-it"
 N_CELLS = int(os.environ.get("EPS_IT_CELLS", "32"))
 POLL_S = 2.0
+# Kill criterion 6's limit (gates.bootstrap_silence_s, sent to the worker as bootstrap_timeout_s). One pod's engine
+# starts just before it (LATE_START_S after RUNNING; the engine's imports take >= 1.4 s), so its flow moves
+# Pending -> Running within a couple of polls of the worker's silence decision, before or after it by load.
+SILENCE_S = 60
+LATE_START_S = SILENCE_S - 1
 # 1 pod in N exits 0 without its work (issue 11's "Done when" has N=5). Off in CI: at 5 it made 67 pods instead of
 # 48 and the dispatch 302 s instead of 193 s on the loaded 2-core box (RELIABILITY.md); EPS_IT_EXIT0_EVERY=5 runs it.
 # EPS_IT_ALL_FAULTS=1: the whole list of issue 11's "Done when": also every answer 0.3 s late, every 7th request
@@ -145,13 +153,19 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     # With EXIT0_EVERY, every Nth pod's container exits 0 at once without running its command (issue 11): the worker
     # must not take that for success. Three pods on the account belong to someone else: never touched.
     exit0 = set(range(2, 10_000, EXIT0_EVERY)) if EXIT0_EVERY else set()
+    # The first pod the worker creates (0-2 are the foreign pods below) starts its engine late: early in the
+    # dispatch, so the slot it holds for a minute overlaps the other five's work instead of adding to the end.
+    late = 3
     faults = Faults(seed=7, vanish_pods=set(range(0, 10_000, 4)), vanish_after_s=(0.3, 1.2),
                     no_capacity_rate=0.10, start_delay_s=(0.5, 2.0), exit_zero_pods=exit0,
+                    late_pods={late}, late_start_s=LATE_START_S,
                     **({"delay_s": 0.3, "status_every": (7, 429), "first_terminate_status": 500} if ALL_FAULTS else {}))
+    assert late not in faults.vanish_pods | faults.exit_zero_pods  # its fate is the late start alone
     fake = FakeRunPod({RUNPOD_KEY: "main"}, workdir=ROOT, log_dir=tmp_path / "pods", faults=faults,
                       image_env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
     fake_url = fake.start()
     foreign = foreign_pods(fake)
+    assert len(foreign) == late
     api = {PREFECT_API_URL: prefect_server, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
     worker_log = tmp_path / "worker.log"
     worker = None
@@ -175,11 +189,11 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
             name="reliability", store=str(store),
             backend={"generation": "simulated", "training": "simulated"},
             execution={"pool": "runpod-gpu", "max_parallel_cells": 6, "crash_resubmits": 6, "resubmit_backoff_s": 1},
-            gates={"bootstrap_silence_s": 60},
+            gates={"bootstrap_silence_s": SILENCE_S},
         )
+        result_store = ResultStore.for_config(config)
         if USE_REAL_CELL:
             cells = [c.id for c in design.slab_cells(config, config.sources[0])][:N_CELLS]
-            result_store = ResultStore.for_config(config)
             markers = {c: result_store.cell_dir(config, design.Cell.parse(c)) / "metrics.json" for c in cells}
         else:
             cells = [f"cell{i:02d}-A0B0C0D0E0-s1" for i in range(N_CELLS)]
@@ -203,9 +217,10 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         watcher.halt.set()
         assert watcher.writes() == computed
 
-        # zero pods left: the worker terminates each pod as its run ends
+        # zero pods left: the worker terminates each pod as its run ends (the foreign pods stay)
         deadline = time.time() + 180
-        while fake.live_pods() and time.time() < deadline:
+        while ([p["id"] for p in fake.live_pods()] != foreign or len(fake.running_processes()) > len(foreign)) \
+                and time.time() < deadline:
             time.sleep(0.5)
         assert [p["id"] for p in fake.live_pods()] == foreign  # ours all gone; the foreign ones untouched
         assert len(fake.running_processes()) == len(foreign)
@@ -242,6 +257,27 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         assert vanished >= 0.2 * created
     states = Counter(r.state.name for r in runs)
     assert states["Completed"] == N_CELLS + 3
+    # Nothing is the flow's own failure: a run ends Failed only when the worker killed it and its dying engine
+    # wrote last (SIGTERM, as issue 11's lost cell); dispatch resubmitted those by the worker's label.
+    assert not [r.state.message for r in runs if r.state.is_failed() and not (r.labels or {}).get(marks.KILLED_BY)]
+
+    # The late engine start: killed for silence or not (load decides), its cell completed above. A kill is labelled
+    # with kill criterion 6 and recorded by dispatch as a gate event, as is every other silent pod (a loaded box can
+    # make one); with none, gate 6 is recorded not fired.
+    late_pod = next(e for e in fake.events_of("created") if e["index"] == late)
+    late_run = by_id[late_pod["name"].removeprefix("prefect-eps-")]
+    late_killed = bool((late_run.labels or {}).get(marks.KILLED_BY))
+    assert late_killed or late_run.state.is_completed(), (late_run.state.name, late_run.state.message)
+    silent_runs = {str(r.id) for r in runs if (r.labels or {}).get(marks.GATE6)}
+    assert late_killed == (str(late_run.id) in silent_runs)
+    gate6 = {g.number: g for g in collect_gates({"gates": result_store.gates()})}[6]
+    assert gate6.fired == bool(silent_runs)
+    assert {e["flow_run_id"] for e in gate6.numbers.get("events", [])} == silent_runs
+    late_events = [e for e in fake.events if e.get("pod_id") == late_pod["pod_id"]]
+    late_started = next((e["t"] for e in late_events if e["event"] == "command_started"), None)
+    late_running = next(e["t"] for e in late_events if e["event"] == "running")
+    with temporary_settings(api):
+        late_history = [s.name for s in anyio.run(state_history, late_run.id)]
 
     # no API key in any output: worker log, pod logs, flow-run logs, artifacts
     corpus = [worker_log.read_text(errors="replace")]
@@ -265,6 +301,10 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         "poll_interval_s": POLL_S, "max_parallel_cells": 6,
         "pods_created": created, "pods_vanished_after_running": vanished,
         "pods_exited_0_without_work": exited_without_work, "foreign_pods_untouched": len(foreign),
+        "late_engine_start": {"silence_limit_s": SILENCE_S, "command_started_after_running_s":
+                              None if late_started is None else round(late_started - late_running, 1),
+                              "killed": late_killed, "state_history": late_history},
+        "gate6_events": len(silent_runs),
         "all_faults": ALL_FAULTS, "http_errors_injected": fake.stats["http_errors"],
         "deploy_requests_no_capacity": fake.stats["no_capacity"],
         "deploy_requests_total": fake.stats["no_capacity"] + created,
@@ -284,6 +324,11 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     out.mkdir(exist_ok=True)
     (out / "runpod_reliability.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+
+
+async def state_history(flow_run_id):
+    async with get_client() as client:
+        return await client.read_flow_run_states(flow_run_id)
 
 
 def foreign_pods(fake: FakeRunPod) -> list[str]:
