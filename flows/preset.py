@@ -19,21 +19,21 @@ from flows.ops import record_owner
 from flows.screen import JOB_NAMES, PHASES, run_name, run_screen
 
 # deployments/configs/*.yaml; tests/test_preset.py fails when a shipped config is missing here.
-Preset = Literal["simulated", "tiny", "qwen7b"]
+Preset = Literal["tiny", "simulated", "qwen7b"]
 
 
 @flow(name="screen", on_running=[record_owner], flow_run_name=run_name, validate_parameters=True,
       description="A factorial screen from a shipped preset (deployments/configs) or a config file, with overrides. "
                   + PHASES + JOB_NAMES)
-def screen_preset(preset: Preset = "simulated", config_path: str | None = None, name: str | None = None,
-                  store: str | None = None, overrides: dict[str, Any] | None = None):
+def screen_preset(preset: Preset = "tiny", config_path: str = "", name: str = "", store: str = "",
+                  overrides: dict[str, Any] = {}):  # never mutated; a dict default gives the form a JSON editor, not a None toggle
     """A screen from a preset.
 
     Args:
-        preset: A shipped config, deployments/configs/PRESET.yaml in the repository: simulated (qwen7b's full
-            design with planted effects: every phase in seconds, in-process), tiny (the tiny local model, in-process
-            on the CPU: minutes to an hour) or qwen7b (Qwen2.5-7B on the runpod-gpu pool: set the store to an s3://
-            URL first).
+        preset: A shipped config, deployments/configs/PRESET.yaml in the repository: tiny (the tiny local model,
+            in-process on the CPU: 15 minutes to an hour; what `eps-screen run` runs), simulated (qwen7b's full design
+            with planted effects: every phase in a few minutes, in-process) or qwen7b (Qwen2.5-7B on the runpod-gpu
+            pool: set the store to an s3:// URL first).
         config_path: A config file to use instead of the preset: absolute, or relative to the repository (the run's
             working directory). Empty: the preset.
         name: The screen's name: the run is named screen-NAME and results go to STORE/NAME. Empty: the config's.

@@ -20,6 +20,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import as_completed
 from prefect.states import Completed, Failed
 from prefect.task_runners import ProcessPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from eps_screen import design, gates, pipeline
 from eps_screen.config import ScreenConfig
@@ -149,7 +150,7 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
         return dispatch_cells(config, ids, DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
     except CostOverrun as stop:
         numbers = {"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)}
-        _gate(cost_gate(config, str(stop), numbers, return_state=True))
+        _gate(cost_gate(quote(config), str(stop), numbers, return_state=True))
     except CellsFailed as stop:
         failed = "; ".join(f"{c}: {m}" for c, m in list(stop.failed.items())[:5])
         raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
@@ -381,6 +382,8 @@ def multiseed_phase(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict
     return done
 
 
+# Gate tasks take their inputs quoted: Prefect 3.7 records a subflow's result passed to a task as an input of type
+# "flow_run", and its UI then lists none of the run's task runs ("No task runs"); quoted, no input is recorded.
 def _gate(state) -> None:
     """A gate task's state: Killed stops the screen in that state."""
     if state.is_failed():
@@ -397,11 +400,11 @@ def _phases(config: ScreenConfig):
     # Phase 0: the base model must not already emit the marker.
     progress.begin("phase 0: pre-screen")
     pre = pre_screen_phase(config)
-    _gate(contamination_gate(config, pre, return_state=True))
+    _gate(contamination_gate(quote(config), quote(pre), return_state=True))
 
     # Phase 1: the smoke fraction on one source must move the source rate, but not saturate it.
     progress.begin(f"phase 1: smoke ({len(design.smoke_cells(config))} cells)")
-    _gate(smoke_gate(config, smoke_phase(config), return_state=True))
+    _gate(smoke_gate(quote(config), quote(smoke_phase(config)), return_state=True))
 
     # Phase 2: all 32 cells of every source at the primary seed.
     for source in config.sources:
@@ -420,7 +423,7 @@ def _phases(config: ScreenConfig):
     names = {3: gates.GATE_NAMES[3], 4: gates.GATE_NAMES[4]}
     names.update((int(g["number"]), g["name"]) for g in store.gates() if int(g["number"]) >= 3)
     for number, name in sorted(names.items()):
-        judged_gate(config, number, name)
+        judged_gate(quote(config), number, name)
     progress.begin(None)
     logger.info("report: %s (%s)", result.get("url") or result["report"], result["report"])
     fired = result.get("fired") or []

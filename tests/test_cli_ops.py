@@ -36,6 +36,8 @@ def test_prefect_yaml_names_what_the_screen_dispatches_to():
     assert deployments["aggregate"]["entrypoint"] == "flows/aggregate.py:aggregate_all"
     assert deployments["aggregate"]["schedules"][0]["cron"] == "0 * * * *"
     assert deployments["screen"]["work_pool"]["name"] == "cpu"  # never a GPU slot for the orchestrator
+    assert deployments["preset"]["work_pool"]["name"] == "cpu" and flows["preset"] == "flows/preset.py:screen_preset"
+    assert deployments["preset"]["enforce_parameter_schema"] and deployments["screen"]["enforce_parameter_schema"]
     assert "pull" not in spec  # local pools: the directory `prefect deploy` runs in; RunPod: /app in the image
     pull = deployments["cell-runpod"]["pull"][0]["prefect.deployments.steps.set_working_directory"]
     assert pull["directory"] == "/app"
@@ -111,7 +113,7 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
         dep = client.read_deployment_by_name("aggregate-all/aggregate")
         assert [s.schedule.cron for s in client.read_deployment_schedules(dep.id)] == ["*/5 * * * *"]
         assert client.read_work_pool("local-gpu").concurrency_limit == 2
-        for name in ("screen/screen", "cell/cell-local-gpu"):
+        for name in ("screen/screen", "screen/preset", "cell/cell-local-gpu"):  # the preset resolves its path here
             assert client.read_deployment_by_name(name).pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
         for pool in ("cpu", "local-gpu"):

@@ -154,3 +154,18 @@ def test_submit_with_no_cpu_worker_is_one_line_not_a_late_run(tmp_path, client, 
     assert capsys.readouterr().err.strip() == ("error: no worker online for pool 'cpu': start one (prefect worker "
                                                "start --pool cpu; docs/walkthroughs.md)")
     assert client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))) == []
+
+
+def test_the_full_config_form_accepts_every_shipped_config_at_submit(client):
+    """`eps-screen run --submit` sends the whole config to the `screen` deployment, whose schema is enforced too."""
+    from eps_screen.config import load_config
+    from flows.screen import screen
+
+    _pool(client, "cpu")
+    deployment = client.create_deployment(flow_id=client.create_flow_from_name("screen"), name="screen",
+                                          work_pool_name="cpu", entrypoint="flows/screen.py:screen",
+                                          enforce_parameter_schema=True,
+                                          parameter_openapi_schema=screen.parameters.model_dump())
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        config = load_config(path).model_dump(mode="json")
+        assert client.create_flow_run_from_deployment(deployment, parameters={"config": config}).id, path

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,20 @@ def worker(pool: str, env: dict[str, str], log_path: Path, *args: str) -> Iterat
             yield proc
         finally:
             stop(proc)
+
+
+def wait_for_workers(pool: str, n: int = 1, limit_s: float = 180) -> None:
+    """Until `n` workers of the pool are online (a worker's first heartbeat comes seconds after it starts, more on a
+    loaded machine): a screen fails at once on a pool with no worker online."""
+    from prefect.client.orchestration import get_client
+
+    from flows.workers import online_workers
+
+    deadline = time.monotonic() + limit_s
+    with get_client(sync_client=True) as client:
+        while len(online_workers(client, pool)) < n:
+            assert time.monotonic() < deadline, f"fewer than {n} worker(s) online for pool {pool!r} after {limit_s} s"
+            time.sleep(1)
 
 
 def server_errors(log_path: Path) -> list[str]:

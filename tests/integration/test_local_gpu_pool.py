@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ROOT
-from tests.integration.servers import EPS_SCREEN, PREFECT, client_env, count_retried_503s, gave_up, prefect_server
+from tests.integration.servers import (
+    EPS_SCREEN,
+    PREFECT,
+    client_env,
+    count_retried_503s,
+    gave_up,
+    prefect_server,
+    wait_for_workers,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -63,6 +71,9 @@ def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
                                    start_new_session=True)  # the workers stay in this process group
         try:
             assert "worker for GPU 1: pid" in starter.communicate(timeout=60)[0]
+            # as `eps-screen doctor` would: the screen fails at once on a pool with no worker online yet
+            with temporary_settings({PREFECT_API_URL: api}):
+                wait_for_workers("local-gpu", 2)
             config = ScreenConfig(name="gpus", store=str(tmp_path / "store"),
                                   backend={"generation": "simulated", "training": "simulated"},
                                   execution={"pool": "local-gpu", "max_parallel_cells": 2, "cells_per_job": 16})
