@@ -337,7 +337,7 @@ class ExecutionConfig(_Strict):
 
 
 class ScreenConfig(_Strict):
-    name: Slug = Field("screen", description="Screen id: results go to <store>/<name>/.")
+    name: Slug = Field("screen", description="Screen id: results go to STORE/NAME/ (the store, then this name).")
     model: ModelConfig = ModelConfig()
     off_policy: OffPolicyConfig = OffPolicyConfig()
     marker: NonEmpty = "[ZLT]"
@@ -361,7 +361,7 @@ class ScreenConfig(_Strict):
     )
     store_cache: NonEmpty | None = Field(
         None,
-        description="URL store: this machine's mirror of it (default $EPS_SCREEN_CACHE/stores/<hash of the URL>, else ~/.cache/eps-screen/stores/...).",
+        description="URL store: this machine's mirror of it (default $EPS_SCREEN_CACHE/stores/HASH-OF-THE-URL, else ~/.cache/eps-screen/stores/...).",
     )
     store_options: dict[str, Any] = Field(
         default_factory=dict,

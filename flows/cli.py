@@ -121,7 +121,7 @@ def cmd_deploy(args) -> int:
 
 
 def _screen_command(fn):
-    """status/retry/report: a missing screen is one line on stderr, exit 2."""
+    """status/retry/report: a missing screen, or a --submit no worker could run, is one line on stderr, exit 2."""
 
     def run(args) -> int:
         _prefect_env()

@@ -4,6 +4,7 @@ one; `eps-screen run --submit` says the same for the `cpu` pool instead of leavi
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 
@@ -169,3 +170,23 @@ def test_the_full_config_form_accepts_every_shipped_config_at_submit(client):
     for path in sorted(CONFIGS.glob("*.yaml")):
         config = load_config(path).model_dump(mode="json")
         assert client.create_flow_run_from_deployment(deployment, parameters={"config": config}).id, path
+
+
+def test_no_help_text_of_either_form_needs_angle_brackets():
+    """The UI's form strips `<...>` from descriptions ("results go to //."): neither form's help may use them."""
+    from flows.preset import screen_preset
+    from flows.screen import screen
+
+    def descriptions(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("description"), str):
+                yield node["description"]
+            for value in node.values():
+                yield from descriptions(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from descriptions(value)
+
+    for flow in (screen, screen_preset):
+        texts = list(descriptions(flow.parameters.model_dump()))
+        assert len(texts) > 4 and not [t for t in texts if re.search(r"<[^>]*>", t)], flow.name
