@@ -144,3 +144,30 @@ def test_scheduled_aggregate_skips_a_running_screen_and_labels_counts(run, caplo
     with get_client(sync_client=True) as client:
         keys = {a.key for a in client.read_artifacts(artifact_filter=_of_run(state.state_details.flow_run_id))}
     assert {"summary-readable", "report-readable"} <= keys
+
+
+def test_a_fired_gate_ends_its_task_and_the_screen_killed(tmp_path):
+    """Kill criterion 2 with a floor the smoke cells cannot pass: the gate's task run and the screen end Killed, in
+    view in the graph; no later phase starts."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    from eps_screen.config import parse_config
+    from flows.screen import screen
+
+    data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
+    data.update(name="killed", store=str(tmp_path), eval={"personas": 4, "questions": 4, "samples": 2,
+                                                          "random_controls": 2}, gates={"smoke_floor": 0.9})
+    state = screen(parse_config(data), return_state=True)
+    assert state.is_failed() and state.name == "Killed", state
+    assert state.message.startswith("kill criterion 2 (smoke verdict): "), state.message
+    run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        phases = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])))
+    assert {t.name: t.state.name for t in tasks if t.name.startswith("gate ")} == {
+        "gate 1: pre-screen contamination": "Completed", "gate 2: smoke verdict": "Killed"}
+    assert sorted((r.name, r.state.name) for r in phases) == [("phase 0: pre-screen", "Completed"),
+                                                              ("phase 1: smoke", "Completed")]
+    assert len(list((tmp_path / "killed" / "cells").iterdir())) == 8  # the smoke cells, no slab
