@@ -64,9 +64,12 @@ def harness(prefect_harness):
 async def create_pool() -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
+    # A pod the reaper adopts is watched with the pool's defaults: at the default 10 s poll the reaper test waited up
+    # to 10 s for a run that had already completed (CI: 11.8 s for that test). run_one's runs set their own 0.5 s.
+    template = RunPodWorker.get_default_base_job_template()
+    template["variables"]["properties"]["poll_interval_s"]["default"] = 0.5
     async with get_client() as client:
-        await client.create_work_pool(WorkPoolCreate(
-            name=POOL, type="runpod", base_job_template=RunPodWorker.get_default_base_job_template()))
+        await client.create_work_pool(WorkPoolCreate(name=POOL, type="runpod", base_job_template=template))
 
 
 @pytest.fixture
