@@ -190,3 +190,26 @@ def test_no_help_text_of_either_form_needs_angle_brackets():
     for flow in (screen, screen_preset):
         texts = list(descriptions(flow.parameters.model_dump()))
         assert len(texts) > 4 and not [t for t in texts if re.search(r"<[^>]*>", t)], flow.name
+
+
+def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, monkeypatch):
+    """Dispatch stops on the spend cap: the `gate 5: cost overrun` task saves the outcome and ends Killed."""
+    import json
+
+    import tasks.dispatch as dispatch
+    from eps_screen.config import parse_config
+    from flows.screen import Stopped, _on_pool
+
+    def over(*args, **kwargs):
+        raise dispatch.CostOverrun("spend $0.46 passed 1.5 x the estimate $0.30", {}, spend_usd=0.46,
+                                   budget_usd=0.30, cancelled=["a-A0B0C0D0E0-s1"])
+
+    monkeypatch.setattr(dispatch, "dispatch_cells", over)
+    data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
+    config = parse_config({**data, "name": "cap", "store": str(tmp_path), "execution": {"pool": "local-gpu"}})
+    with pytest.raises(Stopped) as err:
+        _on_pool(config, ["a-A0B0C0D0E0-s1"])
+    assert err.value.state.name == "Killed"
+    assert err.value.state.message == "kill criterion 5 (cost overrun): spend $0.46 passed 1.5 x the estimate $0.30"
+    gate = json.loads((tmp_path / "cap" / "phases" / "gates.json").read_text())["5"]
+    assert gate["fired"] and gate["numbers"] == {"spend_usd": 0.46, "budget_usd": 0.30, "cancelled": 1}
