@@ -295,7 +295,7 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(tmp_path: Path):
             assert href == report_link, href
             page = browser.open(href, "TL;DR.")  # the link, followed: the page over HTTP, not file://
             browser.screenshot(OUT / "ui-report-over-http.png")
-            listing = browser.open(f"{ui}/artifacts", "Artifacts")
+            listing = browser.open(f"{ui}/artifacts", "cell-ui-screen-")  # the list, not only its count
         finally:
             browser.close()
         for name, text in (("graph", graph), ("gate-runs", gate_runs), ("phases", phases), ("task-runs", tasks),
