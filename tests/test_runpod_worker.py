@@ -210,7 +210,7 @@ def test_max_hourly_price_and_no_capacity_anywhere_fail_provisioning(fake: FakeR
 def test_vanished_pod_crashes_the_run_quickly(fake: FakeRunPod):
     fake.faults.vanish_pods = {0}
     fake.faults.vanish_after_s = (2.5, 2.5)
-    flow_run, result, state, _ = run_one("hang")
+    _, result, state, _ = run_one("hang")
     assert result.status_code != 0 and state.is_crashed() and "vanished" in state.message
     # "Quickly" on the worker's own clock: vanish -> its terminate of the pod that is gone. Each poll (0.5 s) waits
     # at most API_READ_TIMEOUT_S (5 s) on the Prefect API and then asks the fake on loopback, so 30 s is a margin of
