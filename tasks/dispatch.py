@@ -19,7 +19,8 @@ most `execution.max_parallel_cells` jobs in flight, one run per job at a time:
 
 Kill criteria 5 and 6 are recorded in the store (`ResultStore.save_gate`), so the report shows them: criterion
 6 (bootstrap silence) is decided by the worker (`gates.bootstrap_silence`) and arrives as the run's
-`eps-screen.gate6` label; each such run is a recorded event (the run is resubmitted). Criterion 5 is decided here
+`eps-screen.gate6` label; each such run that did not complete is a recorded event (the run is resubmitted; a flow
+that completed while the worker was killing it keeps the label but is its own success). Criterion 5 is decided here
 by `gates.cost_overrun`, or by the worker on its pod's clock (`max_wall_hours`, label `eps-screen.gate5`, which
 stops dispatch like its own); a fired outcome is recorded at once, and a dispatch that ends without one records
 the outcome it last saw.
@@ -265,7 +266,8 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                 job.runs.append({"flow_run_id": str(run.id), "state": state.name, "message": state.message,
                                  "seconds": round(seconds, 1)})
                 del in_flight[job.name]
-                if run.labels and run.labels.get(_marks("GATE6")):
+                # A flow that completed while the worker was killing it for silence keeps the label: not an event
+                if run.labels and run.labels.get(_marks("GATE6")) and not state.is_completed():
                     await recorder.silence(run, job)
                 if run.labels and run.labels.get(_marks("GATE5")):  # the worker's wall-time backstop fired
                     why = await recorder.from_label(run, _marks("GATE5"))

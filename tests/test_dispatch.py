@@ -118,9 +118,17 @@ async def _wall(client, run_id):
     await client.set_flow_run_state(run_id, Crashed(message=marks.CRASH_PREFIX + outcome.reason), force=True)
 
 
+async def _silent_but_completed(client, run_id):
+    """The worker decided silence and labelled the run, but the flow started and completed before its Crashed write
+    (seen in tests/integration/test_runpod_pool.py under 0.3 s API answers): Crashed is refused on a Completed run."""
+    outcome = gates.bootstrap_silence(61.0, False, 60.0)
+    await client.update_flow_run_labels(run_id, {marks.KILLED_BY: marks.WORKER, marks.GATE6: outcome.model_dump_json()})
+    await client.set_flow_run_state(run_id, Completed())
+
+
 WORKER_FATES = {"wall": _wall, "killed-then-failed": _killed_then_failed,
                 "killed-then-failed-unlabelled": lambda c, r: _killed_then_failed(c, r, label=False),
-                "silent": _silent, "refused": _refused}
+                "silent": _silent, "silent-but-completed": _silent_but_completed, "refused": _refused}
 
 
 class Executor:
@@ -406,6 +414,15 @@ def test_a_silent_pod_is_a_recorded_gate_event_and_a_quiet_dispatch_records_the_
     assert recorded[6].fired and len(recorded[6].numbers["events"]) == 2
     assert recorded[6].numbers["limit_s"] == 30.0 and "cell c" in recorded[6].reason
     assert not recorded[5].fired
+
+
+def test_a_flow_that_completed_while_the_worker_killed_it_is_done_and_no_gate_event(harness):
+    store = ResultStore(STORE, "unit")
+    store.save_phase("gates", {})
+    out, ex = dispatch(harness, lambda c, a: "silent-but-completed" if c == "c0" else "complete", ids("c0", "c1"))
+    assert sorted(out) == ids("c0", "c1") and len(ex.seen) == 2  # done once, not resubmitted
+    recorded = {g.number: g for g in collect_gates({"gates": store.gates()})}
+    assert not recorded[6].fired and "events" not in recorded[6].numbers
 
 
 def test_a_job_the_worker_killed_past_max_wall_hours_stops_dispatch_and_is_recorded(harness):
