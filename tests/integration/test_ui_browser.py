@@ -302,7 +302,10 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(tmp_path: Path):
                            ("artifacts", arts), ("summary", summary), ("link", link), ("artifact-list", listing),
                            ("report", page)):
             (OUT / f"ui-{name}.txt").write_text(text)
-        assert "screen-ui-screen" in graph and submitted["name"] not in graph, graph[:2000]  # named by the flow
+        # The run's header, not its log pane: the worker logs the run's first name before the flow renames it.
+        header = graph[:graph.index(" Logs ")]
+        assert "screen-ui-screen" in header and submitted["name"] not in header, graph[:2000]  # named by the flow
+        assert requests.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["name"] == "screen-ui-screen"
         for gate in ("gate 1: pre-screen contamination", "gate 2: smoke verdict", "gate 3: sign instability"):
             assert gate in gate_runs, gate_runs[:2000]
         for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slab librarian", "phase 4: aggregation"):
