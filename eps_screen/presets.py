@@ -49,18 +49,21 @@ def with_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
     return out
 
 
+def config_file(preset: str | None, config_path: str | None, base: Path | None = None) -> tuple[Path, str]:
+    """The file a preset form names, and the field that named it: config_path wins over preset."""
+    if config_path:
+        path = Path(config_path)
+        return (path if path.is_absolute() else (base or Path.cwd()) / path), "config_path"
+    if preset:
+        return preset_path(preset, base), "preset"
+    raise ConfigError(["preset: choose a preset (tiny, simulated, qwen7b) or give config_path"])
+
+
 def resolve(preset: str | None, config_path: str | None = None, name: str | None = None, store: str | None = None,
             overrides: Mapping[str, Any] | None = None, base: Path | None = None) -> ScreenConfig:
     """The config of a preset (or of config_path, which wins), with name, store and overrides applied; a
     ConfigError names the field and the fix."""
-    if config_path:
-        path = Path(config_path)
-        path = path if path.is_absolute() else (base or Path.cwd()) / path
-        field = "config_path"
-    elif preset:
-        path, field = preset_path(preset, base), "preset"
-    else:
-        raise ConfigError(["preset: choose a preset (tiny, simulated, qwen7b) or give config_path"])
+    path, field = config_file(preset, config_path, base)
     if not path.is_file():
         where = base or Path.cwd()
         raise ConfigError([f"{field}: {path} does not exist (read from the run's working directory {where}: run "
@@ -91,10 +94,9 @@ def screen_name(parameters: Mapping[str, Any], base: Path | None = None) -> str:
     for found in (parameters.get("name"), overrides.get("name")):
         if found:
             return str(found)
-    path = parameters.get("config_path")
-    path = Path(path) if path else preset_path(str(parameters.get("preset") or ""), base)
     try:
-        data = yaml.safe_load(((base or Path.cwd()) / path).read_text())
-    except (OSError, yaml.YAMLError):
+        path, _ = config_file(parameters.get("preset"), parameters.get("config_path"), base)
+        data = yaml.safe_load(path.read_text())
+    except (ConfigError, OSError, yaml.YAMLError):
         return "screen"
     return str(data.get("name") or "screen") if isinstance(data, dict) else "screen"

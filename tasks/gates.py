@@ -68,6 +68,8 @@ def judged_gate(config: ScreenConfig, number: int, name: str):
 
 @task(name=_name(5), task_run_name=_name(5), cache_policy=NO_CACHE)
 def cost_gate(config: ScreenConfig, reason: str, numbers: dict):
-    """Spend over the cap, or a job over its hours: dispatch stopped the cells (their pods are terminated)."""
+    """Spend over the cap, or a job over its hours: dispatch stopped the cells (their pods are terminated).
+    Dispatch recorded the decision before cancelling; its numbers stay in the one record, with what followed."""
+    decided = next((g for g in ResultStore.for_config(config).gates() if int(g["number"]) == 5 and g["fired"]), {})
     return _decided(config, gates.GateOutcome(name=gates.GATE_NAMES[5], number=5, fired=True, reason=reason,
-                                              numbers=numbers), stops=True)
+                                              numbers={**decided.get("numbers", {}), **numbers}), stops=True)

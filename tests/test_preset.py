@@ -197,7 +197,9 @@ def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, m
     import json
 
     import tasks.dispatch as dispatch
+    from eps_screen import gates
     from eps_screen.config import parse_config
+    from eps_screen.store import ResultStore
     from flows.screen import Stopped, _on_pool
 
     def over(*args, **kwargs):
@@ -207,9 +209,15 @@ def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, m
     monkeypatch.setattr(dispatch, "dispatch_cells", over)
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
     config = parse_config({**data, "name": "cap", "store": str(tmp_path), "execution": {"pool": "local-gpu"}})
+    decided = gates.cost_overrun(0.1, 0.9, 0.30, config.gates.max_job_hours, config.gates.spend_factor)
+    assert decided.fired
+    ResultStore.for_config(config).save_gate(decided.model_dump(mode="json"))  # as dispatch records it
     with pytest.raises(Stopped) as err:
         _on_pool(config, ["a-A0B0C0D0E0-s1"])
     assert err.value.state.name == "Killed"
     assert err.value.state.message == "kill criterion 5 (cost overrun): spend $0.46 passed 1.5 x the estimate $0.30"
     gate = json.loads((tmp_path / "cap" / "phases" / "gates.json").read_text())["5"]
-    assert gate["fired"] and gate["numbers"] == {"spend_usd": 0.46, "budget_usd": 0.30, "cancelled": 1}
+    # one record: dispatch's decision, with the cancellations that followed it
+    assert gate["fired"] and gate["numbers"] == {**decided.numbers, "spend_usd": 0.46, "budget_usd": 0.30,
+                                                 "cancelled": 1}
+    assert "job_too_long" in gate["numbers"]
