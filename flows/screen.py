@@ -295,12 +295,13 @@ JOB_NAMES = (
 
 
 PHASES = ("Each phase is a subflow (phase 0: pre-screen, phase 1: smoke, phase 2: slab SOURCE, phase 3: multi-seed, "
-          "phase 4: aggregation) and each kill criterion a task (gate 1: pre-screen contamination, gate 2: smoke "
-          "verdict, gates 3-4 after the aggregation); a gate that fires ends its task and the screen Killed. ")
+          "phase 4: aggregation) and each kill criterion a task ("
+          + ", ".join(f"gate {n}: {gates.GATE_NAMES[n]}" for n in (1, 2, 3, 4, 5)) + "). Gates 1, 2 and 5 end their task "
+          "and the screen Killed when they fire; gates 3 and 4, judged after the aggregation, flag it (Flagged). ")
 
 
 @flow(name="screen", on_running=[record_owner],  # `host:pid`, however it started (CLI or worker)
-      flow_run_name=run_name, description="A factorial screen, phases 0-4; gates end it Killed. " + PHASES + JOB_NAMES)
+      flow_run_name=run_name, description="A factorial screen, phases 0-4. " + PHASES + JOB_NAMES)
 def screen(config: ScreenConfig) -> dict:
     return run_screen(config)
 
