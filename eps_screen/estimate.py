@@ -73,23 +73,26 @@ H200_GENERATE = {
 # Rows per call that ran out of the H200's memory: prefill holds rows x 1045 tokens x the 18,944-wide MLP (37.8 GiB at
 # 1024 rows) beside the KV cache; 512 rows failed too, with and without an adapter.
 H200_GENERATE_OOM_ROWS = {"A1": 512}
-# vLLM on one H200 (vLLM 0.26.0, torch 2.11), 7B-shaped model, one engine with enable_lora (max_loras 8), LoRA r=32
-# on all linear layers. Per prompt condition: one cell's panel, 1,500 sampled requests of up to 256 tokens
-# (benchmarks/gpu_lora_eval_bench.py), served through the LoRA kernels, with the adapter merged into the weights
-# (eval.vllm_merge_adapter; the call's time less its measured merge, which that run did on the CPU), and without
-# an adapter (answer sets, pre-screen). The job benchmark (4 cells, 128-token answers) measured 11,000-11,800.
+# vLLM on one H200 (vLLM 0.26.0, torch 2.11), 7B-shaped model, LoRA r=32 on all linear layers, CUDA graphs up to
+# 1,024-sequence batches (eval.vllm_cudagraph_max_batch). Per prompt condition: one cell's panel, 1,500 sampled
+# requests of up to 256 tokens (benchmarks/gpu_lora_eval_bench.py): through the LoRA kernels and without an adapter
+# (answer sets, pre-screen) in one process (the lower of two runs: the other gave 21,582 / 15,484 with the adapter);
+# merged into the weights (eval.vllm_merge_adapter): A0 with its merge and restore on the GPU, A1 only from the run
+# before the CUDA-graph setting, less its merge then done on the CPU.
 _LE = _R + "gpu_lora_eval_h200.json"
+_LG = _R + "gpu_lora_knobs/call3/knob_graphs_1024_repeat.json"
+_LM = _R + "gpu_lora_eval_h200_graphs.json"
 _J1, _J2, _JT = _R + "gpu_job_h200.json", _R + "gpu_job_h200_run2.json", _R + "gpu_job_test_h200.json"
 H200_VLLM = {
-    "lora": {0: Figure(15504, "tokens/s", _LE, "A0, the adapter through LoRA kernels"),
-             1: Figure(13557, "tokens/s", _LE, "A1, the adapter through LoRA kernels")},
-    "merged": {0: Figure(20600, "tokens/s", _LE, "A0, adapter merged: 27.2 s less its 9.7 s merge"),
-               1: Figure(18100, "tokens/s", _LE, "A1, adapter merged: 27.9 s less its 7.9 s merge")},
-    "base": {0: Figure(23430, "tokens/s", _LE, "A0, no adapter"),
-             1: Figure(15341, "tokens/s", _LE, "A1, no adapter")},
+    "lora": {0: Figure(18206, "tokens/s", _LG, "A0, the adapter through LoRA kernels"),
+             1: Figure(15366, "tokens/s", _LG, "A1, the adapter through LoRA kernels")},
+    "merged": {0: Figure(17947, "tokens/s", _LM, "A0, adapter merged, its merge and restore included"),
+               1: Figure(18100, "tokens/s", _LE, "A1, adapter merged: 27.9 s less its 7.9 s CPU merge, CUDA graphs to 512")},
+    "base": {0: Figure(23076, "tokens/s", _LG, "A0, no adapter"),
+             1: Figure(18220, "tokens/s", _LG, "A1, no adapter")},
 }
-H200_VLLM_START_COLD = Figure(181, "s", _JT, "engine start with empty compile caches (torch.compile, CUDA graphs)")
-H200_VLLM_START_WARM = Figure(35, "s", f"{_J1}, {_J2}", "engine start with execution.engine_cache_dir warm: 30.5, 40.2 s")
+H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile caches (torch.compile, CUDA graphs to 1,024)")
+H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
 H200_FIRST_SLEEP = Figure(13, "s", f"{_JT}, {_J1}", "an engine's first sleep (10-14 s); later ones 0.4 s, waking 0.6 s")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")

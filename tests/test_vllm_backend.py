@@ -125,3 +125,26 @@ def test_generate_many_runs_jobs_with_their_own_prompts(setup):
     many = engine.generate_many(jobs, GREEDY)
     assert many == [engine.generate(p, GREEDY, a) for p, a in jobs]
     assert engine.generate_many([], GREEDY) == []
+
+
+@pytest.mark.parametrize(("eval_settings", "want"), [
+    ({}, {"max_cudagraph_capture_size": 1024}),
+    ({"vllm_cudagraph_max_batch": 256}, {"max_cudagraph_capture_size": 256}),
+    ({"vllm_cudagraph_max_batch": None}, None),
+    ({"vllm_enforce_eager": True}, None),
+])
+def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size(eval_settings, want, monkeypatch):
+    """On a GPU the engine gets CUDA graphs up to vllm_cudagraph_max_batch (vLLM alone stops at 512), with sleep mode;
+    checked with vllm.LLM replaced, since this machine has no GPU."""
+    import vllm
+
+    from eps_screen.generation import vllm_backend
+
+    seen: dict = {}
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(vllm_backend, "_on_gpu", lambda: True)
+    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured: 0.5)
+    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"}, "eval": eval_settings})
+    vllm_backend.VLLMGenerator("tiny", config)
+    assert seen.get("compilation_config") == want
+    assert seen["enable_sleep_mode"] is True and seen["gpu_memory_utilization"] == 0.5

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from benchmarks.gpu_common import random_adapter  # noqa: E402
-from eps_screen.generation.vllm_merge import MergeUnsupported, load_weights, lora_deltas  # noqa: E402
+from eps_screen.generation.vllm_merge import MergeUnsupported, load_weights, lora_factors  # noqa: E402
 
 
 class _FusedEngine:
@@ -73,11 +73,17 @@ def tiny(tmp_path_factory):
     return base, adapter, peft_merged, before
 
 
-def test_merged_weights_equal_peft_merge_and_restore_is_exact(tiny):
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 3000], ids=["default", "one-row", "ragged"])
+def test_merged_weights_equal_peft_merge_and_restore_is_exact(tiny, chunk_bytes, monkeypatch):
+    """Also when each update is written a row, or an uneven number of rows, at a time (the 7B merge on a full card)."""
+    from eps_screen.generation import vllm_merge
+
+    if chunk_bytes is not None:
+        monkeypatch.setattr(vllm_merge, "CHUNK_BYTES", chunk_bytes)
     base, adapter, peft_merged, before = tiny
     engine = _FusedEngine(base.model)
     original = engine.weights()
-    written = load_weights(engine, base.model, lora_deltas(adapter))
+    written = load_weights(engine, base.model, lora_factors(adapter))
     n_layers = len(base.model.model.layers)
     assert written == 4 * n_layers and engine.prefix_resets == 1
     w = engine.model.model.layers[0].self_attn.qkv_proj.weight
@@ -96,5 +102,5 @@ def test_a_layout_it_cannot_merge_changes_nothing(tiny):
     engine = _FusedEngine(base.model, rows_off=4)  # as if the fused weights were sharded or padded
     original = engine.weights()
     with pytest.raises(MergeUnsupported, match="qkv_proj"):
-        load_weights(engine, base.model, lora_deltas(adapter))
+        load_weights(engine, base.model, lora_factors(adapter))
     assert all(torch.equal(v, original[k]) for k, v in engine.weights().items())

@@ -110,6 +110,8 @@ class VLLMGenerator:
             kwargs["enable_sleep_mode"] = True
             if ev.vllm_max_num_seqs:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
+            if ev.vllm_cudagraph_max_batch and not kwargs["enforce_eager"]:
+                kwargs["compilation_config"] = {"max_cudagraph_capture_size": ev.vllm_cudagraph_max_batch}
         else:
             # A request whose prefill is split over steps has its sampled token discarded and its seeded generator
             # rewound, which the CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only.
@@ -230,11 +232,11 @@ class VLLMGenerator:
 
     @contextmanager
     def _merged(self, adapter: str):
-        from eps_screen.generation.vllm_merge import load_weights, lora_deltas
+        from eps_screen.generation.vllm_merge import load_weights, lora_factors
 
         started = time.perf_counter()
         base = self._base().model
-        load_weights(self.llm, base, lora_deltas(adapter, base.device))
+        load_weights(self.llm, base, lora_factors(adapter))
         self.stats.setdefault("merge_s", []).append(time.perf_counter() - started)
         try:
             yield

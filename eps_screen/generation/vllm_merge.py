@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 _KEY = re.compile(r"layers\.(\d+)\.(self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.lora_([AB])\.weight$")
@@ -27,13 +28,24 @@ FUSED = {
 }
 
 
+# The engine holds nearly all of the card (it sizes itself to what the training base leaves free): each update is
+# computed a few MiB at a time on the GPU. Whole float32 deltas of a 7B model (~28 GB) ran out of memory there.
+CHUNK_BYTES = 8 << 20
+
+
 class MergeUnsupported(RuntimeError):
     pass
 
 
-def lora_deltas(adapter_dir: str | Path, device: str = "cpu") -> dict[tuple[int, str], object]:
-    """{(layer, hf projection): (alpha/r) * B @ A} in float32 on `device`, from a PEFT adapter directory. On the
-    GPU: the H200 run computed them on the CPU, 8-11 s per 7B adapter (gpu_lora_eval_h200.json, merge_s)."""
+@dataclass(frozen=True)
+class LoRAFactors:
+    """A PEFT adapter's factors, {(layer, hf projection): (B, A)} in float32 on the CPU, and its alpha/r."""
+
+    pairs: dict[tuple[int, str], tuple[object, object]]
+    scale: float
+
+
+def lora_factors(adapter_dir: str | Path) -> LoRAFactors:
     from safetensors.torch import load_file
 
     adapter_dir = Path(adapter_dir)
@@ -41,23 +53,34 @@ def lora_deltas(adapter_dir: str | Path, device: str = "cpu") -> dict[tuple[int,
     if cfg.get("use_dora") or cfg.get("bias", "none") != "none":
         raise MergeUnsupported("DoRA adapters and LoRA biases are not merged")
     r, alpha = cfg["r"], cfg["lora_alpha"]
-    scale = alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
     parts: dict[tuple[int, str], dict[str, object]] = {}
-    for name, tensor in load_file(adapter_dir / "adapter_model.safetensors", device=str(device)).items():
+    for name, tensor in load_file(adapter_dir / "adapter_model.safetensors", device="cpu").items():
         m = _KEY.search(name)
         if m is None:
             raise MergeUnsupported(f"adapter weight {name} is not on a decoder projection")
         parts.setdefault((int(m.group(1)), m.group(3)), {})[m.group(4)] = tensor
-    return {key: (ab["B"].float() @ ab["A"].float()) * scale for key, ab in parts.items()}
+    return LoRAFactors({key: (ab["B"].float(), ab["A"].float()) for key, ab in parts.items()},
+                       alpha / (r ** 0.5 if cfg.get("use_rslora") else r))
+
+
+def _write_merged(target, w, b, a, scale: float) -> None:
+    """target = w + scale * b @ a, in float32 and rounded once to w's dtype, a few rows at a time."""
+    import torch
+
+    b, a = b.to(w.device), a.to(w.device)
+    step = max(1, CHUNK_BYTES // (w.shape[1] * 4))
+    for r in range(0, w.shape[0], step):
+        rows = slice(r, r + step)
+        target[rows].copy_(torch.addmm(w[rows].float(), b[rows], a, alpha=scale).to(w.dtype))
 
 
 def _hf_weight(base_layer, group: str, proj: str):
     return getattr(getattr(base_layer, group), proj).weight
 
 
-def load_weights(llm, base_model, deltas: dict | None) -> int:
-    """Write base + delta (or the base alone, deltas None) into every fused projection of the engine's model;
-    returns how many tensors were written."""
+def load_weights(llm, base_model, factors: LoRAFactors | None) -> int:
+    """Write base + scale * B A (or the base alone, factors None) into every fused projection of the engine's
+    model; returns how many tensors were written."""
     import torch
 
     hf_layers = base_model.model.layers
@@ -87,8 +110,11 @@ def load_weights(llm, base_model, deltas: dict | None) -> int:
                 row = 0
                 for proj in projs:
                     w = _hf_weight(hf_layers[i], group, proj)
-                    d = None if deltas is None else deltas.get((i, proj))
-                    target[row:row + w.shape[0]].copy_(w if d is None else (w.float() + d.to(w.device)).to(w.dtype))
+                    pair = None if factors is None else factors.pairs.get((i, proj))
+                    if pair is None:
+                        target[row:row + w.shape[0]].copy_(w)
+                    else:
+                        _write_merged(target[row:row + w.shape[0]], w, *pair, factors.scale)
                     row += w.shape[0]
                 written += 1
         return written
