@@ -204,13 +204,18 @@ class CellPool:
     def __init__(self, runner: ProcessPoolTaskRunner):
         self.runner = runner
         self.in_flight: dict = {}  # PrefectFuture -> cell id
+        self.tasks: dict = {}  # PrefectFuture -> (task, flow run id): to create a Crashed run the server never saw
         executor = runner._executor  # processes start on demand: each first runs _die_with_parent
         executor._initargs = (executor._initializer, executor._initargs)
         executor._initializer = _die_with_parent
 
     def submit(self, task, parameters: dict):
+        from prefect.context import FlowRunContext
+
         future = self.runner.submit(task, parameters)
         self.in_flight[future] = parameters.get("cell_id", "?")
+        ctx = FlowRunContext.get()
+        self.tasks[future] = (task, ctx.flow_run.id if ctx and ctx.flow_run else None)
         return future
 
     def pids(self) -> list[int]:
@@ -240,17 +245,23 @@ class CellPool:
                 process.join(timeout=5)
         # Task-run states reach the server as events, processed a little later: a cell's own Running, sent before
         # its process died, can land after a Crashed written at once. Write, read back, write again (10 s at most).
-        todo = {f.task_run_id: c for f, c in self.in_flight.items() if c in cells}
+        # A run the server has not seen yet (its events queued behind a loaded server, or lost with the killed
+        # process) is created Crashed under its own id: its late events, older than that state, are ignored.
+        todo = {f.task_run_id: (c, *self.tasks.get(f, (None, None))) for f, c in self.in_flight.items() if c in cells}
         deadline = time.monotonic() + 10
         with get_client(sync_client=True) as client:
             while todo and time.monotonic() < deadline:
-                for run_id, cell_id in list(todo.items()):
+                for run_id, (cell_id, task, flow_run_id) in list(todo.items()):
+                    crashed = Crashed(message=f"cell {cell_id}: its worker process was stopped because the screen {what}")
                     try:
-                        client.set_task_run_state(run_id, Crashed(
-                            message=f"cell {cell_id}: its worker process was stopped because the screen {what}"),
-                            force=True)
-                    except Exception:  # not ingested yet (a queued cell may have no task run at all)
-                        continue
+                        client.set_task_run_state(run_id, crashed, force=True)
+                    except Exception:  # noqa: BLE001 - no such run yet, or the API is busy: create it, else retry
+                        try:
+                            if task is not None:
+                                client.create_task_run(task, flow_run_id, dynamic_key=str(run_id), id=run_id,
+                                                       name=f"{task.name}-{cell_id}", state=crashed)
+                        except Exception:  # noqa: BLE001 - ingested meanwhile, or the API is down: read back, retry
+                            pass
                 time.sleep(1.0)
                 for run_id in list(todo):
                     try:
@@ -260,7 +271,7 @@ class CellPool:
                     if state is not None and state.is_crashed():
                         del todo[run_id]
         if todo:
-            logging.getLogger(__name__).warning("could not mark cell(s) %s Crashed", ", ".join(todo.values()))
+            logging.getLogger(__name__).warning("could not mark cell(s) %s Crashed", ", ".join(c for c, *_ in todo.values()))
         logging.getLogger(__name__).warning("screen %s: stopped %d cell process(es); cells in flight marked Crashed: %s",
                                             what, len(processes), ", ".join(cells) or "none")
         return cells

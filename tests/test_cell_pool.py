@@ -89,6 +89,42 @@ def test_a_crashed_screen_stops_its_cell_processes_and_marks_cells_in_flight_cra
                            for m in crashed), crashed
 
 
+class _Unseen:
+    """A cell in flight whose task run the server has not seen: its events still queued behind a loaded server
+    (CI saw none of a crashed screen's three cells arrive within the 10 s the screen gives the marking) or lost with
+    its killed process."""
+
+    wrapped_future = None
+
+    def __init__(self):
+        import uuid
+
+        self.task_run_id = uuid.uuid4()
+
+
+@flow(name="pool-crash-unseen")
+def screen_with_an_unseen_cell(config: ScreenConfig) -> str:
+    from prefect.context import FlowRunContext
+
+    with cell_processes(config) as pool:
+        unseen = _Unseen()
+        pool.in_flight[unseen] = "cell-9"
+        pool.tasks[unseen] = (slow_cell, FlowRunContext.get().flow_run.id)
+        assert pool.stop(RuntimeError("the screen crashed")) == ["cell-9"]
+    return str(unseen.task_run_id)
+
+
+def test_a_cell_the_server_never_saw_is_created_crashed(tmp_path, caplog):
+    from prefect.client.orchestration import get_client
+
+    run_id = screen_with_an_unseen_cell(_config(tmp_path))
+    assert "could not mark" not in caplog.text
+    with get_client(sync_client=True) as client:
+        run = client.read_task_run(run_id)
+    assert run.state.is_crashed() and run.name == "slow_cell-cell-9", (run.name, run.state)
+    assert run.state.message.startswith("cell cell-9: its worker process was stopped because the screen crashed")
+
+
 SCRIPT = """
 import sys
 from pathlib import Path
