@@ -203,19 +203,15 @@ class CellPool:
 
     def __init__(self, runner: ProcessPoolTaskRunner):
         self.runner = runner
-        self.in_flight: dict = {}  # PrefectFuture -> cell id
-        self.tasks: dict = {}  # PrefectFuture -> (task, flow run id): to create a Crashed run the server never saw
+        # PrefectFuture -> (cell id, task): the task to create a Crashed run the server never saw
+        self.in_flight: dict = {}
         executor = runner._executor  # processes start on demand: each first runs _die_with_parent
         executor._initargs = (executor._initializer, executor._initargs)
         executor._initializer = _die_with_parent
 
     def submit(self, task, parameters: dict):
-        from prefect.context import FlowRunContext
-
         future = self.runner.submit(task, parameters)
-        self.in_flight[future] = parameters.get("cell_id", "?")
-        ctx = FlowRunContext.get()
-        self.tasks[future] = (task, ctx.flow_run.id if ctx and ctx.flow_run else None)
+        self.in_flight[future] = (parameters.get("cell_id", "?"), task)
         return future
 
     def pids(self) -> list[int]:
@@ -227,11 +223,12 @@ class CellPool:
         import signal
 
         from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext
         from prefect.states import Crashed
 
         what = ("was cancelled or stopped" if not isinstance(why, Exception)
                 else f"crashed ({type(why).__name__}: {str(why)[:200]})")
-        cells = [cell_id for future, cell_id in self.in_flight.items() if not _done(future)]
+        cells = [cell_id for future, (cell_id, _) in self.in_flight.items() if not _done(future)]
         processes = list((getattr(self.runner._executor, "_processes", None) or {}).values())
         for process in processes:
             process.terminate()
@@ -247,19 +244,20 @@ class CellPool:
         # its process died, can land after a Crashed written at once. Write, read back, write again (10 s at most).
         # A run the server has not seen yet (its events queued behind a loaded server, or lost with the killed
         # process) is created Crashed under its own id: its late events, older than that state, are ignored.
-        todo = {f.task_run_id: (c, *self.tasks.get(f, (None, None))) for f, c in self.in_flight.items() if c in cells}
+        todo = {f.task_run_id: (c, task) for f, (c, task) in self.in_flight.items() if c in cells}
+        ctx = FlowRunContext.get()  # stop runs inside the screen's flow: its cells' runs belong to it
+        flow_run_id = ctx.flow_run.id if ctx and ctx.flow_run else None
         deadline = time.monotonic() + 10
         with get_client(sync_client=True) as client:
             while todo and time.monotonic() < deadline:
-                for run_id, (cell_id, task, flow_run_id) in list(todo.items()):
+                for run_id, (cell_id, task) in list(todo.items()):
                     crashed = Crashed(message=f"cell {cell_id}: its worker process was stopped because the screen {what}")
                     try:
                         client.set_task_run_state(run_id, crashed, force=True)
                     except Exception:  # noqa: BLE001 - no such run yet, or the API is busy: create it, else retry
                         try:
-                            if task is not None:
-                                client.create_task_run(task, flow_run_id, dynamic_key=str(run_id), id=run_id,
-                                                       name=f"{task.name}-{cell_id}", state=crashed)
+                            client.create_task_run(task, flow_run_id, dynamic_key=str(run_id), id=run_id,
+                                                   name=f"{task.name}-{cell_id}", state=crashed)
                         except Exception:  # noqa: BLE001 - ingested meanwhile, or the API is down: read back, retry
                             pass
                 time.sleep(1.0)
@@ -271,7 +269,7 @@ class CellPool:
                     if state is not None and state.is_crashed():
                         del todo[run_id]
         if todo:
-            logging.getLogger(__name__).warning("could not mark cell(s) %s Crashed", ", ".join(c for c, *_ in todo.values()))
+            logging.getLogger(__name__).warning("could not mark cell(s) %s Crashed", ", ".join(c for c, _ in todo.values()))
         logging.getLogger(__name__).warning("screen %s: stopped %d cell process(es); cells in flight marked Crashed: %s",
                                             what, len(processes), ", ".join(cells) or "none")
         return cells

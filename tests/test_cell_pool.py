@@ -104,12 +104,9 @@ class _Unseen:
 
 @flow(name="pool-crash-unseen")
 def screen_with_an_unseen_cell(config: ScreenConfig) -> str:
-    from prefect.context import FlowRunContext
-
     with cell_processes(config) as pool:
         unseen = _Unseen()
-        pool.in_flight[unseen] = "cell-9"
-        pool.tasks[unseen] = (slow_cell, FlowRunContext.get().flow_run.id)
+        pool.in_flight[unseen] = ("cell-9", slow_cell)
         assert pool.stop(RuntimeError("the screen crashed")) == ["cell-9"]
     return str(unseen.task_run_id)
 
