@@ -4,7 +4,8 @@ A real `prefect server start` with the UI on 127.0.0.1, the pools and deployment
 a `cpu` worker, and `eps-screen serve` over the store. Headless Chromium, driven over the DevTools protocol as a
 person would click and type, starts a simulated screen (all 114 cells, in the screen's own process) from the
 `screen/preset` deployment's form: Run -> Custom run, the preset chosen in its dropdown, a name, a store and an
-override typed in. Then it renders the screen run (named `screen-ui-screen`): its graph, its task runs (one per
+override typed in; the first Submit is answered 503, as a locked SQLite server answers it, and the test reads the
+error toast and clicks again, as a person would. Then it renders the screen run (named `screen-ui-screen`): its graph, its task runs (one per
 kill criterion), its phase subflows (a slab's cells in the subflow's task runs), its artifacts; it reads the gate
 table in the summary artifact of the screen run itself and follows the run's report link, an http URL of `eps-screen
 serve`, to the page's TL;DR. Screenshots and page texts: test-output/ui-*.png, ui-*.txt (docs/img/ has copies).
@@ -64,15 +65,37 @@ class Browser:
 
         self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None)
         self.next_id = 0
+        self.unanswered = 0  # replies to requests sent without waiting, numbered apart from `call`'s
+        self.to_refuse = 0
 
     def call(self, method: str, **params):
         self.next_id += 1
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             msg = json.loads(self.ws.recv(timeout=60))
-            if msg.get("id") == self.next_id:
+            if msg.get("method") == "Fetch.requestPaused":
+                self._answer(msg["params"]["requestId"])
+            elif msg.get("id") == self.next_id:
                 assert "error" not in msg, msg
                 return msg["result"]
+
+    def refuse(self, url_pattern: str, times: int) -> None:
+        """Answer the next `times` requests to `url_pattern` with the 503 Prefect's server gives when SQLite's
+        write lock is held; later ones go through to the server."""
+        self.to_refuse = times
+        self.call("Fetch.enable", patterns=[{"urlPattern": url_pattern, "requestStage": "Request"}])
+
+    def _answer(self, request_id: str) -> None:
+        self.unanswered += 1
+        if self.to_refuse:
+            self.to_refuse -= 1
+            body = base64.b64encode(json.dumps({"exception_message": "Service Unavailable"}).encode()).decode()
+            method, params = "Fetch.fulfillRequest", {"requestId": request_id, "responseCode": 503, "body": body,
+                                                      "responseHeaders": [{"name": "Content-Type",
+                                                                           "value": "application/json"}]}
+        else:
+            method, params = "Fetch.continueRequest", {"requestId": request_id}
+        self.ws.send(json.dumps({"id": 1_000_000 + self.unanswered, "method": method, "params": params}))
 
     def js(self, expression: str):
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
@@ -198,7 +221,7 @@ async def progress_artifacts(client, name: str):
 
 
 def run_from_the_form(browser: Browser, ui: str, deployment_id: str, store: Path) -> None:
-    """Deployments -> preset -> Run -> Custom run; the simulated preset, a name, a store and an override; Submit."""
+    """Deployments -> preset -> Run -> Custom run; the simulated preset, a name, a store and an override."""
     browser.open(f"{ui}/deployments/deployment/{deployment_id}", "Entrypoint flows/preset.py:screen_preset")
     browser.click_tab("Run")
     browser.wait_for("Custom run")
@@ -209,16 +232,41 @@ def run_from_the_form(browser: Browser, ui: str, deployment_id: str, store: Path
     browser.type_into("store", str(store))
     browser.type_into("overrides", json.dumps({"bootstrap": {"resamples": 200}}))  # a faster aggregation
     browser.screenshot(OUT / "ui-preset-form.png")
-    browser.click_tab("Submit")
 
 
-def deployment_runs(api: str, deployment_id: str, limit_s: float = 60) -> list[dict]:
-    deadline = time.monotonic() + limit_s
-    while not (runs := requests.post(f"{api}/flow_runs/filter", timeout=30, json={
-            "deployments": {"id": {"any_": [deployment_id]}}}).json()):
-        assert time.monotonic() < deadline, "the form's Submit created no run"
+ERROR_TOASTS = "document.querySelectorAll('.p-toast__icon--error').length"
+TAKEN = "document.querySelector('.p-toast__icon--success') || !location.pathname.endsWith('/run')"
+
+
+def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5) -> tuple[dict, int]:
+    """Click Submit as a person would: the UI either takes the run (a success toast, then the deployment's page) or
+    shows an error toast and stays on the form. The default SQLite server answers 503 when its write lock is held
+    (the UI does not retry; one CI run saw exactly that, `database is locked` on the flow run's INSERT), and a
+    person reads the toast and clicks again. Returns the one run created and the number of refused clicks."""
+    for refused in range(tries):
+        errors_before = browser.js(ERROR_TOASTS)
+        browser.click_tab("Submit")
+        # The page's own answer, not a clock: the create request ends in one toast or the other.
+        browser.wait_until(f"({TAKEN}) || {ERROR_TOASTS} > {errors_before}", limit_s=300)
+        if browser.js(f"!!({TAKEN})"):
+            [run] = wait_for_runs(api, deployment_id)  # the UI has the created run: the server holds it
+            return run, refused
+        assert not runs_of(api, deployment_id), "an error toast, but the run was created"
+        browser.screenshot(OUT / "ui-submit-refused.png")
+    raise AssertionError(f"the UI refused the form {tries} times: {browser.text()[:1500]}")
+
+
+def runs_of(api: str, deployment_id: str) -> list[dict]:
+    return requests.post(f"{api}/flow_runs/filter", timeout=30,
+                         json={"deployments": {"id": {"any_": [deployment_id]}}}).json()
+
+
+def wait_for_runs(api: str, deployment_id: str) -> list[dict]:
+    for _ in range(120):
+        if runs := runs_of(api, deployment_id):
+            return runs
         time.sleep(0.5)
-    return runs
+    raise AssertionError("the UI showed the run created, and the API does not list it")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
@@ -244,7 +292,10 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(tmp_path: Path):
                                           EPS_REPORT_URL=f"http://127.0.0.1:{port}"),
                         tmp_path / "worker.log", "--name", "cpu-ui-test"):
                 run_from_the_form(browser, ui, preset["id"], store)
-                [submitted] = deployment_runs(api, preset["id"])
+                browser.refuse("*/create_flow_run", times=1)  # what a locked SQLite server answers, once
+                submitted, refused = submit(browser, api, preset["id"])
+                assert refused >= 1  # the refused click was seen as refused, and clicked again
+                print(f"Submit clicks refused with an error toast (1 of them by the test): {refused}")
                 assert submitted["parameters"] == {"preset": "simulated", "config_path": "", "name": "ui-screen",
                                                    "store": str(store), "overrides": {"bootstrap": {"resamples": 200}}}
                 run_id = submitted["id"]
