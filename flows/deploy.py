@@ -141,20 +141,24 @@ def prefect_deploy(names: list[str]) -> subprocess.CompletedProcess:
 
 
 def set_aggregate(client, cron: str | None, store: str | None) -> list[str]:
-    """Replace the aggregate deployment's schedule and/or store parameter (flags of `eps-screen deploy`)."""
+    """Replace the aggregate deployment's store parameter and/or schedule (flags of `eps-screen deploy`).
+
+    The store first: the server's scheduler copies the deployment's parameters into each run it creates, and a
+    parameter update deletes only the runs still in the future. With the schedule first, a run the scheduler made
+    in between and that fell due before the update kept the old store (a CI run aggregated an empty `results`)."""
     from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.client.schemas.schedules import CronSchedule
 
     done = []
     dep = client.read_deployment_by_name(AGGREGATE)
+    if store:
+        client.update_deployment(dep.id, DeploymentUpdate(parameters={**dep.parameters, "store": store}))
+        done.append(f"store {store!r}")
     if cron:
         for s in client.read_deployment_schedules(dep.id):
             client.delete_deployment_schedule(dep.id, s.id)
         client.create_deployment_schedules(dep.id, [(CronSchedule(cron=cron, timezone="UTC"), True)])
         done.append(f"schedule cron {cron!r} (UTC)")
-    if store:
-        client.update_deployment(dep.id, DeploymentUpdate(parameters={**dep.parameters, "store": store}))
-        done.append(f"store {store!r}")
     return done
 
 

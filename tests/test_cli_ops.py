@@ -120,6 +120,41 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
             client.delete_work_pool(pool)
 
 
+def test_the_aggregate_schedule_starts_only_once_the_deployment_has_the_new_store():
+    """A schedule created before the store was set let the scheduler make a run with the old store (CI saw the
+    scheduled aggregate read an empty `results`). When the schedule reaches the server, the deployment there must
+    already carry the new store."""
+    from prefect.client.orchestration import get_client
+
+    from flows.deploy import AGGREGATE, set_aggregate
+
+    seen: list[str] = []
+
+    class Watching:  # the real client; on schedule creation it reads what the server holds at that moment
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def create_deployment_schedules(self, deployment_id, schedules):
+            seen.append(self.client.read_deployment(deployment_id).parameters["store"])
+            return self.client.create_deployment_schedules(deployment_id, schedules)
+
+    flow_name, name = AGGREGATE.split("/")
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name(flow_name)
+        dep_id = client.create_deployment(flow_id, name, entrypoint="flows/aggregate.py:aggregate_all",
+                                          parameters={"store": "results"})
+        try:
+            changed = set_aggregate(Watching(client), "* * * * *", "/data/store")
+            assert changed == ["store '/data/store'", "schedule cron '* * * * *' (UTC)"]
+            assert seen == ["/data/store"]
+            assert [s.schedule.cron for s in client.read_deployment_schedules(dep_id)] == ["* * * * *"]
+        finally:
+            client.delete_deployment(dep_id)
+
+
 def test_print_template_gives_prefects_own_format(capsys):
     from flows.cli import main
 

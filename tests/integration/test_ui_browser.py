@@ -1,11 +1,11 @@
 """The Prefect UI shows a screen the way a researcher needs it (issue 6, "Done when" 1; issue 13, "Done when").
 
-A real `prefect server start` with the UI on 127.0.0.1, the pools and deployments applied by `eps-screen deploy`,
-a `cpu` worker, and `eps-screen serve` over the store. Headless Chromium, driven over the DevTools protocol as a
-person would click and type, starts a simulated screen (all 114 cells, in the screen's own process) from the
-`screen/preset` deployment's form: Run -> Custom run, the preset chosen in its dropdown, a name, a store and an
-override typed in; the first Submit is answered 503, as a locked SQLite server answers it, and the test reads the
-error toast and clicks again, as a person would. Then it renders the screen run (named `screen-ui-screen`): its graph, its task runs (one per
+A real `prefect server start` with the UI on 127.0.0.1, the pools and deployments applied by `eps-screen deploy`, a
+`cpu` worker, and `eps-screen serve` over the store. Headless Chromium, driven over the DevTools protocol as a person
+would click and type, starts a simulated screen (all 114 cells, in the screen's own process) from the `screen/preset`
+deployment's form: Run -> Custom run, the preset chosen in its dropdown, a name, a store and an override typed in; the
+first Submit is answered 503, as a locked SQLite server answers it, and the test reads the error toast and clicks
+again, as a person would. Then it renders the screen run (named `screen-ui-screen`): its graph, its task runs (one per
 kill criterion), its phase subflows (a slab's cells in the subflow's task runs), its artifacts; it reads the gate
 table in the summary artifact of the screen run itself and follows the run's report link, an http URL of `eps-screen
 serve`, to the page's TL;DR. Screenshots and page texts: test-output/ui-*.png, ui-*.txt (docs/img/ has copies).
