@@ -77,23 +77,25 @@ H200_GENERATE_OOM_ROWS = {"A1": 512}
 # 1,024-sequence batches (eval.vllm_cudagraph_max_batch). Per prompt condition: one cell's panel, 1,500 sampled
 # requests of up to 256 tokens (benchmarks/gpu_lora_eval_bench.py): through the LoRA kernels and without an adapter
 # (answer sets, pre-screen) in one process (the lower of two runs: the other gave 21,582 / 15,484 with the adapter);
-# merged into the weights (eval.vllm_merge_adapter): A0 with its merge and restore on the GPU, A1 only from the run
-# before the CUDA-graph setting, less its merge then done on the CPU.
-_LE = _R + "gpu_lora_eval_h200.json"
+# merged into the weights (eval.vllm_merge_adapter): both conditions in one later process, each merge (0.3-0.5 s on
+# the GPU) and restore included.
 _LG = _R + "gpu_lora_knobs/call3/knob_graphs_1024_repeat.json"
 _LM = _R + "gpu_lora_eval_h200_graphs.json"
+_LMA = _R + "gpu_lora_eval_h200_merged.json"
 _J1, _J2, _JT = _R + "gpu_job_h200.json", _R + "gpu_job_h200_run2.json", _R + "gpu_job_test_h200.json"
+_JTG = _R + "gpu_job_test_h200_graphs.json"
 H200_VLLM = {
     "lora": {0: Figure(18206, "tokens/s", _LG, "A0, the adapter through LoRA kernels"),
              1: Figure(15366, "tokens/s", _LG, "A1, the adapter through LoRA kernels")},
-    "merged": {0: Figure(17947, "tokens/s", _LM, "A0, adapter merged, its merge and restore included"),
-               1: Figure(18100, "tokens/s", _LE, "A1, adapter merged: 27.9 s less its 7.9 s CPU merge, CUDA graphs to 512")},
+    "merged": {0: Figure(21673, "tokens/s", _LMA, "A0, adapter merged, its merge and restore included"),
+               1: Figure(16283, "tokens/s", _LMA, "A1, adapter merged, its merge and restore included")},
     "base": {0: Figure(23076, "tokens/s", _LG, "A0, no adapter"),
              1: Figure(18220, "tokens/s", _LG, "A1, no adapter")},
 }
 H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile caches (torch.compile, CUDA graphs to 1,024)")
 H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
-H200_FIRST_SLEEP = Figure(13, "s", f"{_JT}, {_J1}", "an engine's first sleep (10-14 s); later ones 0.4 s, waking 0.6 s")
+H200_FIRST_SLEEP = Figure(16, "s", f"{_JTG}, {_JT}, {_J1}",
+                          "an engine's first sleep (10-16 s, 16 with CUDA graphs to 1,024); later ones 0.4 s, waking 0.6 s")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
