@@ -217,8 +217,9 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         watcher.halt.set()
         assert watcher.writes() == computed
 
-        # zero pods left: the worker terminates each pod as its run ends (the foreign pods stay)
-        deadline = time.time() + 180
+        # zero pods left: the worker terminates each pod as its run ends (the foreign pods stay). A hang guard,
+        # not a speed bound: the worker learns that a run ended through the API, which SQLite has held for minutes
+        deadline = time.time() + 420
         while ([p["id"] for p in fake.live_pods()] != foreign or len(fake.running_processes()) > len(foreign)) \
                 and time.time() < deadline:
             time.sleep(0.5)

@@ -51,7 +51,7 @@ def test_scheduled_aggregate_refreshes_a_stale_report(tmp_path: Path):
 
         with worker("cpu", client_env(tmp_path / "worker", api, PREFECT_WORKER_QUERY_SECONDS="2"),
                     tmp_path / "worker.log", "--name", "cpu-schedule-test"):
-            deadline = time.time() + 200
+            deadline = time.time() + 420  # a hang guard: the scheduler and the worker wait on SQLite's lock too
             while not (done := [r for r in aggregate_runs(api) if r.state.is_final()]):
                 log = server_log.read_text(errors="replace")
                 assert "Can't evaluate bulk DML statement" not in log, (

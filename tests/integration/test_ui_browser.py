@@ -199,7 +199,7 @@ def report_server(store: Path, port: int):
         stop(proc, timeout=10)
 
 
-async def watch(run_id: str, name: str, limit_s: float = 300):
+async def watch(run_id: str, name: str, limit_s: float = 420):  # a hang guard under the test's 600 s
     """Poll the run until it ends, collecting every value its progress artifact showed."""
     from prefect.client.orchestration import get_client
 
