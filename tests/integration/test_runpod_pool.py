@@ -404,7 +404,11 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
         while fake.live_pods() and time.time() < deadline:
             time.sleep(0.5)
         assert fake.live_pods() == [] and fake.running_processes() == []
-        assert len(fake.events_of("created")) == 3 and len(fake.events_of("terminated")) == 3
+        # How many of the 3 pods started before the cap tripped is load's to decide (one fresh-clone run: 1, whose
+        # $36/h alone passed the cap while the API held the worker's other two submissions); each one started was
+        # terminated, and none was left to finish its cell.
+        created = {e["pod_id"] for e in fake.events_of("created")}
+        assert 1 <= len(created) <= 3 and created == {e["pod_id"] for e in fake.events_of("terminated")}
         assert not (store / "standin" / "computed.log").exists()
     finally:
         if worker is not None:
