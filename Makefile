@@ -9,7 +9,7 @@ screen: setup
 # Two pytest workers, one test file each at a time (a file's module fixtures, e.g. the tiny screen, run once):
 # most of the suite waits on servers and subprocesses, so two workers on two cores take ~18 minutes, not ~25.
 test: setup
-	.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
+	.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile
 
 test-gpu: setup
 	.venv/bin/python -m pytest -q -m gpu tests/gpu

@@ -24,6 +24,24 @@ def prefect_harness():
         yield
 
 
+POOLS = ("cpu", "local-gpu", "runpod-gpu")
+
+
+def drop_pools(client, names=POOLS) -> None:
+    """Delete these work pools of the session's server and the deployments on them. A deleted pool leaves its
+    deployments behind with no pool, and a later test that expects no such deployment then meets one."""
+    from prefect.exceptions import ObjectNotFound
+
+    for dep in client.read_deployments():
+        if dep.work_pool_name in names:
+            client.delete_deployment(dep.id)
+    for name in names:
+        try:
+            client.delete_work_pool(name)
+        except ObjectNotFound:
+            pass
+
+
 def tiny_config(store: Path, **overrides):
     """tiny.yaml with its store moved to `store` and any top-level sections replaced."""
     import yaml
@@ -46,12 +64,3 @@ def qwen7b_config(**sections):
         data[name] = {**data.get(name, {}), **values}
     return parse_config(data)
 
-
-# The tiny screen's module fixture is the longest unit of the suite (13-16 minutes under CI's load). With
-# two xdist workers it must start first, so the other worker runs the rest of the suite beside it instead of
-# leaving it to run alone at the end. The Makefile passes --no-loadscope-reorder so xdist keeps this order.
-RUN_FIRST = ("tests/test_screen_flow.py",)
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in RUN_FIRST)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, ROOT, drop_pools
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -96,11 +96,7 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
     real = deploy_mod.worker_class
     monkeypatch.setattr(deploy_mod, "worker_class", lambda t: None if t == "runpod" else real(t))
     with get_client(sync_client=True) as client:  # a pool left by another test would change what is deployed
-        for pool in ("cpu", "local-gpu", "runpod-gpu"):
-            try:
-                client.delete_work_pool(pool)
-            except Exception:
-                pass
+        drop_pools(client)
     assert main(["deploy", "--gpus", "2"]) == 0
     first = capsys.readouterr().out
     assert "work pool local-gpu: created (type process, concurrency limit 2)" in first
@@ -116,8 +112,7 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
         for name in ("screen/screen", "screen/preset", "cell/cell-local-gpu"):  # the preset resolves its path here
             assert client.read_deployment_by_name(name).pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
-        for pool in ("cpu", "local-gpu"):
-            client.delete_work_pool(pool)
+        drop_pools(client)
 
 
 def test_the_aggregate_schedule_starts_only_once_the_deployment_has_the_new_store():

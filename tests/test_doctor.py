@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, drop_pools
 from tests.fakes.fixtures import TEST_KEY, fake_runpod_fixture  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -54,12 +54,7 @@ def api():
 
     with get_client(sync_client=True) as client:
         yield client
-        for pool in client.read_work_pools():
-            if pool.name in {"local-gpu", "runpod-gpu", "cpu"}:
-                for dep in client.read_deployments():
-                    if dep.work_pool_name == pool.name:
-                        client.delete_deployment(dep.id)
-                client.delete_work_pool(pool.name)
+        drop_pools(client)
 
 
 def make_pool(client, name: str, type_: str = "process", **defaults) -> None:

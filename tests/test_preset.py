@@ -13,7 +13,7 @@ import yaml
 
 from eps_screen.config import ConfigError
 from eps_screen.presets import preset_names, resolve, screen_name, with_overrides
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, ROOT, drop_pools
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -80,12 +80,7 @@ def client():
 
     with get_client(sync_client=True) as client:
         yield client
-        for dep in client.read_deployments():
-            if dep.work_pool_name in {"cpu", "local-gpu"}:
-                client.delete_deployment(dep.id)
-        for pool in client.read_work_pools():
-            if pool.name in {"cpu", "local-gpu"}:
-                client.delete_work_pool(pool.name)
+        drop_pools(client)
 
 
 def _pool(client, name: str) -> None:
