@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import sys
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -31,7 +32,6 @@ QWEN7B_SHAPE = dict(
 TINY_SHAPE = dict(QWEN7B_SHAPE, vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2)
 H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s of the H100/H200 datasheet: the issue's MFU denominator
-DATE = "2026-12-01"
 
 
 def build_model(tiny: bool = False, layers: int | None = None, attn: str = "sdpa"):
@@ -121,7 +121,7 @@ def environment() -> dict:
         p = torch.cuda.get_device_properties(0)
         gpu = {"name": p.name, "memory_gb": round(p.total_memory / 2**30, 1), "sms": p.multi_processor_count}
     return {
-        "date": DATE,
+        "date": dt.date.today().isoformat(),
         "run_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "python": platform.python_version(),
@@ -129,6 +129,36 @@ def environment() -> dict:
         "gpu": gpu,
         "versions": versions,
     }
+
+
+class DevicePeak:
+    """The most device memory in use (the driver's figure) while the block runs, sampled in a thread.
+    torch.cuda.max_memory_allocated() would also count a sleeping vLLM engine's released memory."""
+
+    def __init__(self, every_s: float = 0.2):
+        self.every_s, self.peak, self._stop = every_s, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import torch
+
+        while torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            self.peak = max(self.peak, total - free)
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> DevicePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def gib(self) -> float | None:
+        return self.peak / 2**30 if self.peak else None  # None on a CPU dry run
 
 
 def out_dir(default: str = "benchmarks/results") -> Path:

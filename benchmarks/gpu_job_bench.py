@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import environment, job_cells, job_config, out_dir, seven_b_dir, write  # noqa: E402
+from gpu_common import DevicePeak, environment, job_cells, job_config, out_dir, seven_b_dir, write  # noqa: E402
 
 PARTS = ("answers_s", "train_s", "eval_s", "score_s", "store_s")
 
@@ -60,8 +60,6 @@ def main() -> None:
     ap.add_argument("--name", default="gpu_job_h200.json", help="result file name (default: %(default)s)")
     args = ap.parse_args()
 
-    import torch
-
     from eps_screen.job import engines
     from eps_screen.store import ResultStore
 
@@ -87,11 +85,9 @@ def main() -> None:
             engine = engines.generator(config, config.model.base, trains=True)
             result.setdefault("engine_ready_s", time.perf_counter() - t)  # base load + engine start, first mode
             result["engine_start_s"] = engine.stats["start_s"]
-            if torch.cuda.is_available():
-                torch.cuda.reset_peak_memory_stats()
-            result["modes"][mode] = run_mode(config, cells, store, engine)
-            if torch.cuda.is_available():
-                result["modes"][mode]["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            with DevicePeak() as device:
+                result["modes"][mode] = run_mode(config, cells, store, engine)
+            result["modes"][mode]["device_peak_gib"] = device.gib
             print(mode, {k: round(v, 1) for k, v in result["modes"][mode]["parts_s"].items()},
                   f"wall {result['modes'][mode]['wall_s']:.1f} s", flush=True)
             write(out_dir() / args.name, result)

@@ -100,10 +100,35 @@ class TrainReport:
     losses: list[float]
     # Throughput after the first steps (kernel autotuning, Triton JIT): what a long run converges to.
     steady_tokens_per_s: float | None = None
-    peak_memory_gb: float | None = None
+    peak_memory_gb: float | None = None  # the device's figure (see _DevicePeak)
+    peak_allocated_gb: float | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
     options: dict = field(default_factory=dict)  # the speed levers in force: bf16, liger, padding_free, ...
+
+
+class _DevicePeak:
+    """The device memory in use at training's peak: what the driver had in use when training began, plus what
+    PyTorch's allocator reserved beyond that (its allocated peak is reported beside it). max_memory_allocated()
+    alone would also count a sleeping vLLM engine's weights and KV cache: their physical memory is released but
+    the allocator still holds them."""
+
+    def __init__(self):
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        self.used_at_start = total - free
+        self.reserved_at_start = torch.cuda.memory_reserved()
+        self.allocated_at_start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+
+    def gib(self) -> tuple[float, float]:
+        """(device peak, the same with allocated instead of reserved memory), GiB."""
+        import torch
+
+        grown = torch.cuda.max_memory_reserved() - self.reserved_at_start
+        allocated = torch.cuda.max_memory_allocated() - self.allocated_at_start
+        return (self.used_at_start + grown) / 2**30, (self.used_at_start + allocated) / 2**30
 
 
 class _StepClock:
@@ -285,8 +310,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     had_grad_hook = hasattr(base_model, "_require_grads_hook")
     restore_attn = use_varlen_attention(base_model) if opts["varlen_attention"] else None
     clock = _StepClock()
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
+    peak = _DevicePeak() if on_gpu else None
     torch.manual_seed(seed)
     model = get_peft_model(base_model, lora)
     if opts["fused_lora"]:
@@ -350,7 +374,8 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         final_loss=losses[-1] if losses else None,
         losses=losses,
         steady_tokens_per_s=clock.steady(),
-        peak_memory_gb=torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        peak_memory_gb=peak.gib()[0] if peak else None,
+        peak_allocated_gb=peak.gib()[1] if peak else None,
         micro_batch=micro,
         grad_accum=accum,
         options=opts,
