@@ -7,7 +7,9 @@ activations and a KV cache sized to what is left. Figures measured on the H200 (
   54 GB with <= 11,000-token micro-batches: benchmarks/results/gpu_train_h200_compile*.json);
 - the sleeping engine: 14.3 GiB in use beside a 13.5 GiB base, so ~0.8 GiB of its own
   (benchmarks/results/gpu_job_h200.json's log); CUDA graphs 1.2 GiB and activations 2.2 GiB when awake.
-Both scale with the parameter count from the 7.6B measurements.
+Both scale with the parameter count from the 7.6B measurements. They count allocated memory: the driver shows up to
+~50% more during training, the allocator's cache, which it hands back before an out-of-memory error (BENCHMARKS.md,
+"GPU memory as the device holds it").
 """
 
 from __future__ import annotations
