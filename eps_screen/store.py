@@ -200,6 +200,9 @@ class ResultStore:
     def regime_dir(self, config: ScreenConfig, regime: Regime) -> Path:
         return self.dir / "regimes" / regime.id / regime_key(config, regime)
 
+    def has_regime(self, config: ScreenConfig, regime: Regime) -> bool:
+        return self._is_complete(self.regime_dir(config, regime), "meta.json")
+
     def regime_answers(self, config: ScreenConfig, regime: Regime) -> list[dict] | None:
         d = self.regime_dir(config, regime)
         if not self._is_complete(d, "meta.json") or not self._fetch(d / "answers.jsonl"):

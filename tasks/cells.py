@@ -25,9 +25,14 @@ def _cell_cache_key(_ctx, params) -> str | None:
     return f"cell-{store.location}-{cell_key(config, cell)}"
 
 
-def _regime_cache_key(_ctx, params) -> str:
+def _regime_cache_key(_ctx, params) -> str | None:
     config: ScreenConfig = params["config"]
-    return f"regime-{ResultStore.for_config(config).location}-{regime_key(config, params['regime'])}"
+    store, regime = ResultStore.for_config(config), params["regime"]
+    if not store.has_regime(config, regime):
+        # As for cells: a result Prefect remembers for answers the store no longer has (a store deleted and made
+        # again at the same path) would skip the answers task, and every cell of the regime would generate them.
+        return None
+    return f"regime-{store.location}-{regime_key(config, regime)}"
 
 
 def artifact_key(text: str) -> str:

@@ -35,3 +35,17 @@ def test_what_changes_the_answers_changes_the_keys():
     # merging the adapter into bf16 weights changes the numbers the evaluation sees
     merged = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_merge_adapter": True})
     assert cell_key(merged, CELL) != cell_key(base, CELL)
+
+
+def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
+    """A fresh-clone CI run met it: a store made again at a path an earlier run had used, Prefect's cached result
+    for the answers task from that run, no answers in the store, so each cell generated its regime's answers."""
+    from eps_screen.store import ResultStore
+    from tasks.cells import _regime_cache_key
+    from tests.conftest import tiny_config
+
+    config = tiny_config(tmp_path)
+    regime = CELL.regime
+    assert _regime_cache_key(None, {"config": config, "regime": regime}) is None
+    ResultStore.for_config(config).save_regime(config, regime, [], {"regime": regime.id})
+    assert _regime_cache_key(None, {"config": config, "regime": regime}).endswith(regime_key(config, regime))
