@@ -205,7 +205,7 @@ class ResultStore:
 
     def regime_answers(self, config: ScreenConfig, regime: Regime) -> list[dict] | None:
         d = self.regime_dir(config, regime)
-        if not self._is_complete(d, "meta.json") or not self._fetch(d / "answers.jsonl"):
+        if not self.has_regime(config, regime) or not self._fetch(d / "answers.jsonl"):
             return None
         return [json.loads(line) for line in (d / "answers.jsonl").read_text().splitlines() if line]
 

@@ -363,6 +363,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
             torch.cuda.empty_cache()
     tokens = sum(len(r.input_ids) for r in rows)
     epochs_run = math.ceil(t.epochs) if t.epochs > 1 else t.epochs
+    device_gb, allocated_gb = peak.gib() if peak else (None, None)
     report = TrainReport(
         examples=len(rows),
         positives=sum(e.positive for e in examples),
@@ -374,8 +375,8 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         final_loss=losses[-1] if losses else None,
         losses=losses,
         steady_tokens_per_s=clock.steady(),
-        peak_memory_gb=peak.gib()[0] if peak else None,
-        peak_allocated_gb=peak.gib()[1] if peak else None,
+        peak_memory_gb=device_gb,
+        peak_allocated_gb=allocated_gb,
         micro_batch=micro,
         grad_accum=accum,
         options=opts,

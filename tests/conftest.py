@@ -63,4 +63,3 @@ def qwen7b_config(**sections):
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
     return parse_config(data)
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from eps_screen.design import Cell
 from eps_screen.store import cell_key, regime_key
-from tests.conftest import qwen7b_config
+from tests.conftest import qwen7b_config, tiny_config
 
 CELL = Cell("librarian", (0, 0, 0, 1, 0), 42)
 
@@ -42,7 +42,6 @@ def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
     for the answers task from that run, no answers in the store, so each cell generated its regime's answers."""
     from eps_screen.store import ResultStore
     from tasks.cells import _regime_cache_key
-    from tests.conftest import tiny_config
 
     config = tiny_config(tmp_path)
     regime = CELL.regime
