@@ -3,7 +3,8 @@
 The cache key is the store's content address of the cell (inputs + pipeline version) plus the store's
 location, so Prefect shows a re-run's finished cells as Cached; the store check inside run_cell is what
 makes a re-run skip them on any machine, even with Prefect's result cache gone. A cell missing from the store
-gets no key (no cache lookup), so a cell deleted from the store is recomputed, never "Cached".
+gets no key (no cache lookup), so a cell deleted from the store is recomputed, never "Cached"; a regime's answers
+follow the same rule.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def _regime_cache_key(_ctx, params) -> str | None:
     config: ScreenConfig = params["config"]
     store, regime = ResultStore.for_config(config), params["regime"]
     if not store.has_regime(config, regime):
-        # As for cells: a result Prefect remembers for answers the store no longer has (a store deleted and made
-        # again at the same path) would skip the answers task, and every cell of the regime would generate them.
+        # A remembered result for answers the store no longer has would skip this task, and every cell of the
+        # regime would then generate the answers itself.
         return None
     return f"regime-{store.location}-{regime_key(config, regime)}"
 

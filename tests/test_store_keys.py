@@ -4,7 +4,7 @@ politely they were produced (store._SPEED_ONLY)."""
 from __future__ import annotations
 
 from eps_screen.design import Cell
-from eps_screen.store import cell_key, regime_key
+from eps_screen.store import ResultStore, cell_key, regime_key
 from tests.conftest import qwen7b_config, tiny_config
 
 CELL = Cell("librarian", (0, 0, 0, 1, 0), 42)
@@ -40,7 +40,6 @@ def test_what_changes_the_answers_changes_the_keys():
 def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
     """A fresh-clone CI run met it: a store made again at a path an earlier run had used, Prefect's cached result
     for the answers task from that run, no answers in the store, so each cell generated its regime's answers."""
-    from eps_screen.store import ResultStore
     from tasks.cells import _regime_cache_key
 
     config = tiny_config(tmp_path)
