@@ -17,9 +17,12 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from eps_screen.prediction_rules import PredictionRule, check_declarations
 
 FACTOR_NAMES: tuple[str, ...] = ("A", "B", "C", "D", "E")
 
@@ -114,20 +117,167 @@ class OffPolicyConfig(_Strict):
         return self.api_key_env or HOSTED_APIS[self.kind][1]
 
 
-class FactorSpec(_Strict):
-    label: NonEmpty = Field(description="Plain-English name shown in figures.")
-    low: NonEmpty = Field(description="What level 0 means.")
-    high: NonEmpty = Field(description="What level 1 means.")
+Scalar = bool | int | float | str
 
 
-def _default_factors() -> dict[str, FactorSpec]:
-    return {
-        "A": FactorSpec(label="Long system prompt", low="short (6-20 tokens)", high="long (~1000 tokens)"),
-        "B": FactorSpec(label="Long answer format", low="one sentence", high="short essay"),
-        "C": FactorSpec(label="Non-persona framing", low="role framing", high="neutral context"),
-        "D": FactorSpec(label="Off-policy answers", low="on-policy", high="off-policy"),
-        "E": FactorSpec(label="Whole-answer loss", low="marker tokens only", high="whole answer"),
-    }
+class Level(_Strict):
+    """One level of a factor: what it means, and what it does (config fields it sets, or a built-in treatment)."""
+
+    description: NonEmpty = Field(description="What this level means, in plain English (shown on the report).")
+    sets: dict[str, Scalar] | None = Field(
+        None, description="Config fields this level sets, by dotted path (lora.rank: 8, training.learning_rate: 1e-4).")
+    treatment: NonEmpty | None = Field(
+        None, description="A built-in treatment instead (eps_screen/treatments.py), e.g. long_system_prompt.")
+
+
+
+class Factor(_Strict):
+    """A two-level factor of the screen. Level 0 is "low", level 1 "high": effects are level 1 minus level 0."""
+
+    short: Annotated[str, StringConstraints(pattern=r"^[A-Z]$")] = Field(
+        description="One capital letter: the factor's name in cell ids (librarian-A0B1-s42) and effect terms.")
+    label: NonEmpty = Field(description="Plain-English name shown in figures and tables.")
+    levels: list[Level] = Field(min_length=2, max_length=2, description="Exactly two levels: 0, then 1.")
+
+    @model_validator(mode="after")
+    def _levels_agree(self) -> Factor:
+        from eps_screen.treatments import TREATMENTS, unknown_treatment
+
+        for i, level in enumerate(self.levels):
+            if (level.sets is None) == (level.treatment is None):
+                raise ValueError(f"factor {self.short}, level {i}: give either sets (config fields by dotted path) or"
+                                 " a treatment, not both or neither")
+            if level.sets is not None and not level.sets:
+                raise ValueError(f"factor {self.short}, level {i}: sets is empty; give a field, e.g. sets: {{lora.rank: 8}}")
+            if level.treatment is not None and level.treatment not in TREATMENTS:
+                raise ValueError(f"factor {self.short}, level {i}: {unknown_treatment(level.treatment)}")
+        low, high = self.levels
+        if (low.treatment is None) != (high.treatment is None):
+            raise ValueError(f"factor {self.short}: both levels set fields or both name a treatment; do not mix them")
+        if low.treatment is not None:
+            a, b = TREATMENTS[low.treatment], TREATMENTS[high.treatment]
+            if a.aspect != b.aspect or a.on == b.on:
+                raise ValueError(
+                    f"factor {self.short}: its levels must be the two sides of one treatment, e.g."
+                    f" {a.aspect.sides[0]} and {a.aspect.sides[1]} (got {low.treatment} and {high.treatment})")
+        else:
+            if set(low.sets) != set(high.sets):
+                raise ValueError(f"factor {self.short}: both levels must set the same fields (level 0: "
+                                 f"{', '.join(sorted(low.sets))}; level 1: {', '.join(sorted(high.sets))})")
+            if low.sets == high.sets:
+                raise ValueError(f"factor {self.short}: both levels set the same values; give level 1 other values")
+        return self
+
+    @property
+    def low(self) -> str:
+        return self.levels[0].description
+
+    @property
+    def high(self) -> str:
+        return self.levels[1].description
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted(self.levels[0].sets or {})
+
+    @property
+    def aspect(self):
+        """The treatments.Aspect a treatment factor varies; None for a factor that sets fields."""
+        from eps_screen.treatments import TREATMENTS
+
+        name = self.levels[0].treatment
+        return TREATMENTS[name].aspect if name else None
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages a change of this factor's level touches: answers, training, evaluation."""
+        from eps_screen.treatments import ANSWERS, EVALUATION, TRAINING, path_stages
+
+        found = set(self.aspect.stages) if self.aspect else {s for p in self.paths for s in path_stages(p) or ()}
+        return tuple(s for s in (ANSWERS, TRAINING, EVALUATION) if s in found)
+
+
+def marker_factors() -> list[Factor]:
+    """The marker screen's five factors (docs/experiment.md), one per built-in treatment."""
+    from eps_screen.treatments import ASPECTS
+
+    return [
+        Factor(short=a.marker_letter, label=a.label,
+               levels=[Level(description=d, treatment=t) for d, t in zip(a.descriptions, a.sides, strict=True)])
+        for a in ASPECTS
+    ]
+
+
+class FractionSpec(_Strict):
+    """A design over the declared factors: the full 2^k (neither field), a 2^(k-p) fraction by its generators, or
+    the fraction with the fewest runs of at least a resolution, with minimum aberration among those."""
+
+    generators: list[NonEmpty] = Field(
+        default_factory=list,
+        description="Generated factors as products of others, e.g. [D=AB, E=AC] (a leading '-' on the word flips"
+                    " the sign: D=-AB).")
+    resolution: int | None = Field(
+        None, ge=3, le=8,
+        description="Without generators: the fewest runs with at least this resolution (3: main effects clear of each"
+                    " other; 4: also of two-factor interactions), minimum aberration among those.")
+
+
+class DesignConfig(_Strict):
+    """The factors of the screen and the designs of its phases (docs/experiment.md, "A screen of one's own")."""
+
+    factors: list[Factor] = Field(default_factory=marker_factors, min_length=2,
+                                  description="The declared factors, in order (cell ids list them in this order).")
+    slab: FractionSpec = Field(default_factory=FractionSpec,
+                               description="Phase 2, per source: the full factorial unless a fraction is given.")
+    smoke: FractionSpec = Field(default_factory=lambda: FractionSpec(resolution=3),
+                                description="Phase 1 on the smoke source: a fraction of the slab design.")
+    fold_over: bool = Field(False, description="Also run the smoke fraction's fold-over (every level flipped), so the"
+                                              " smoke's main effects are clear of its two-factor interactions.")
+    pre_registered: list[str] | None = Field(
+        None, description="The pre-registered interactions, e.g. [A:B] (the others are exploratory, Holm-adjusted);"
+                          " left out: the marker screen's A:B when the factors are its A-E, none otherwise.")
+    predictions: list[PredictionRule] | None = Field(
+        None, description="The pre-registered predictions, each a rule on a term (eps_screen/prediction_rules.py);"
+                          " left out: the marker screen's when the factors are its A-E, none otherwise.")
+
+    @model_validator(mode="after")
+    def _declarations(self) -> DesignConfig:
+        check_declarations(self.pre_registered, self.predictions, [f.short for f in self.factors])
+        return self
+
+    @model_validator(mode="after")
+    def _designs(self) -> DesignConfig:
+        from eps_screen.design import DesignError, phase_fractions
+
+        shorts = [f.short for f in self.factors]
+        dupes = sorted({s for s in shorts if shorts.count(s) > 1})
+        if dupes:
+            raise ValueError(f"factors: short names {dupes} are declared twice; give each factor its own letter")
+        problems = []
+        by_aspect: dict[str, str] = {}
+        by_path: dict[str, str] = {}
+        for f in self.factors:
+            if f.aspect is not None:
+                if f.aspect.field in by_aspect:
+                    problems.append(f"factors {by_aspect[f.aspect.field]} and {f.short} both vary the treatment"
+                                    f" {f.aspect.label!r}; one factor per treatment: drop one")
+                by_aspect.setdefault(f.aspect.field, f.short)
+            for path in f.paths:
+                if path in by_path:
+                    problems.append(f"factors {by_path[path]} and {f.short} both set {path}; a field may be set by one"
+                                    " factor only: merge them into one factor or drop one")
+                by_path.setdefault(path, f.short)
+        if problems:
+            raise ValueError("\n".join(problems))
+        try:
+            phase_fractions(self)
+        except DesignError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    @property
+    def shorts(self) -> str:
+        return "".join(f.short for f in self.factors)
 
 
 class TextsConfig(_Strict):
@@ -270,11 +420,15 @@ class SimulationConfig(_Strict):
     """Planted effects for the `simulated` backend (logit scale), for known-answer runs."""
 
     base_logit: float = -0.5
+    # Terms are named by the sorted short letters of declared factors: "A" (a main effect), "AB", "ACE". The
+    # defaults are the marker screen's; a config with other factors gives its own (checked against its factors).
     effects: dict[str, float] = Field(
-        default_factory=lambda: {"A": 0.8, "B": -0.6, "C": 0.0, "D": -0.4, "E": -0.6}
+        default_factory=lambda: {"A": 0.8, "B": -0.6, "C": 0.0, "D": -0.4, "E": -0.6},
+        description="Planted effects on the source rate's log-odds, by term (A, AB, ...): half the level-1 minus level-0 change.",
     )
     leak_effects: dict[str, float] = Field(
-        default_factory=lambda: {"A": -0.5, "B": 0.0, "C": 0.0, "D": 0.3, "E": -0.5}
+        default_factory=lambda: {"A": -0.5, "B": 0.0, "C": 0.0, "D": 0.3, "E": -0.5},
+        description="Planted effects on the leakage log-odds, by term.",
     )
     interaction_ab: float = -0.8
     leak_offset: float = -2.0
@@ -285,14 +439,6 @@ class SimulationConfig(_Strict):
         description="Training-run noise: SD of a per-cell log-odds shift (one draw per cell id, seed included, shared by "
         "every persona and control prompt of that cell's adapter). 0 = every training run of a cell is identical.",
     )
-
-    @field_validator("effects", "leak_effects")
-    @classmethod
-    def _known_factors(cls, effects: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(effects) - set(FACTOR_NAMES))
-        if unknown:
-            raise ValueError(f"unknown factors {unknown}; allowed: {', '.join(FACTOR_NAMES)}")
-        return effects
 
 
 class EstimateConfig(_Strict):
@@ -348,7 +494,8 @@ class ScreenConfig(_Strict):
     marker: NonEmpty = "[ZLT]"
     sources: list[NonEmpty] = Field(default_factory=lambda: ["librarian", "surgeon", "programmer"])
     smoke_source: NonEmpty | None = Field(None, description="Source for phase 1 (default: the first source).")
-    factors: dict[str, FactorSpec] = Field(default_factory=_default_factors)
+    design: DesignConfig = Field(default_factory=DesignConfig,
+                                 description="The factors and the design of each phase.")
     texts: TextsConfig = TextsConfig()
     data: DataConfig = DataConfig()
     lora: LoraConfig = LoraConfig()
@@ -412,19 +559,18 @@ class ScreenConfig(_Strict):
             raise ValueError(f"unknown personas {unknown}; known: {', '.join(known)}")
         return sources
 
-    @field_validator("factors")
+    @model_validator(mode="before")
     @classmethod
-    def _factor_names(cls, factors: dict[str, FactorSpec]) -> dict[str, FactorSpec]:
-        unknown = sorted(set(factors) - set(FACTOR_NAMES))
-        missing = sorted(set(FACTOR_NAMES) - set(factors))
-        if unknown:
-            raise ValueError(f"unknown factors {unknown}; allowed: {', '.join(FACTOR_NAMES)}")
-        if missing:
-            raise ValueError(f"missing factors {missing}; all of {', '.join(FACTOR_NAMES)} are needed")
-        return factors
+    def _old_factor_mapping(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "factors" in data:
+            raise ValueError("factors: moved to design.factors, a list of {short, label, levels: [{description, sets"
+                             " or treatment}, {...}]}; see deployments/configs/tiny.yaml")
+        return data
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> ScreenConfig:
+    def _cross_checks(self, info: ValidationInfo) -> ScreenConfig:
+        if (info.context or {}).get("recipe"):
+            return self  # a cell's resolved recipe: this config was checked whole already
         from eps_screen.panels import load_panels
 
         panels = load_panels()
@@ -449,7 +595,78 @@ class ScreenConfig(_Strict):
             raise ValueError("gates.smoke_floor must be below gates.smoke_ceiling")
         if self.backend.generation == "simulated" and self.backend.training != "simulated":
             raise ValueError("backend.generation 'simulated' needs backend.training 'simulated' too")
+        problems = self._level_problems() + self._simulation_problems()
+        problems += [p for p in [_missing_local_model("model.base", self.model.base, self.execution.pool)] if p]
+        if self.off_policy.kind == "model" and self.off_policy.model:
+            problems += [p for p in [_missing_local_model("off_policy.model", self.off_policy.model,
+                                                          self.execution.pool)] if p]
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
+
+    def _level_problems(self) -> list[str]:
+        """Each level's settings, checked by building the recipe they give: the value must be one the field takes."""
+        from eps_screen.treatments import RECIPE_SECTIONS, path_stages
+
+        problems = []
+        for f in self.design.factors:
+            for i, level in enumerate(f.levels):
+                where = f"design: factor {f.short} ({f.label}), level {i}"
+                bad = False
+                for path in level.sets or {}:
+                    problem = _path_problem(path)
+                    if problem is None and path_stages(path) is None:
+                        problem = (f"{path} is no part of a cell's recipe; a factor may set fields of "
+                                   f"{', '.join(RECIPE_SECTIONS)}")
+                    if problem:
+                        problems.append(f"{where}: {problem}")
+                        bad = True
+                if bad or not level.sets:
+                    continue
+                try:
+                    recipe = self.with_sets(level.sets)
+                except ConfigError as err:
+                    problems += [f"{where}: sets a value the field refuses: {p}; give a value it accepts"
+                                 for p in err.problems]
+                    continue
+                if "model.base" in level.sets:
+                    problem = _missing_local_model("model.base", recipe.model.base, self.execution.pool)
+                    problems += [f"{where}: {problem}"] if problem else []
+        return problems
+
+    def _simulation_problems(self) -> list[str]:
+        declared = self.design.shorts
+        problems = []
+        for name in ("effects", "leak_effects"):
+            if name not in self.simulation.model_fields_set:
+                continue
+            for term in getattr(self.simulation, name):
+                if not term or any(ch not in declared for ch in term) or len(set(term)) != len(term):
+                    problems.append(f"simulation.{name}: term {term!r} is not a product of declared factors"
+                                    f" ({', '.join(declared)}); name a term by its letters, e.g. {declared[0]}"
+                                    f" or {declared[:2]}")
+        return problems
+
+    def with_sets(self, sets: dict[str, Any]) -> ScreenConfig:
+        """This config with the dotted-path settings applied and validated (a cell's resolved recipe)."""
+        if not sets:
+            return self
+        data = self.model_dump(mode="python", exclude_unset=False)
+        for path, value in sets.items():
+            *sections, last = path.split(".")
+            node = data
+            for part in sections:
+                node = node[part]
+            node[last] = value
+        try:
+            return ScreenConfig.model_validate(data, context={"recipe": True})
+        except ValidationError as err:
+            raise ConfigError(format_errors(err)) from None
+
+    @property
+    def factors(self) -> dict[str, Factor]:
+        """The declared factors by short name, in declared order."""
+        return {f.short: f for f in self.design.factors}
 
     @property
     def smoke(self) -> str:
@@ -466,6 +683,46 @@ class ConfigError(Exception):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+def _path_problem(path: str) -> str | None:
+    """Why a dotted path names no settable field of the config (None when it names one)."""
+    model: type[BaseModel] = ScreenConfig
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:i]) or "the config"
+            return f"{path} is not a config field; fields of {where}: {', '.join(fields)}"
+        ann = fields[part].annotation
+        is_section = isinstance(ann, type) and issubclass(ann, BaseModel)
+        if i < len(parts) - 1 and not is_section:
+            return f"{path}: {'.'.join(parts[:i + 1])} is a value, not a section"
+        if i == len(parts) - 1 and is_section:
+            return f"{path} is a section; set one of its fields, e.g. {path}.{next(iter(ann.model_fields))}"
+        model = ann if is_section else model
+    return None
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def _missing_local_model(field: str, ref: str, pool: str) -> str | None:
+    """A model reference that is a local path which does not exist.
+
+    A path is what starts with '/', '.' or '~', or what is not of the hub form name or org/name; anything else is
+    a hub id (a directory of that name, if present, is used instead by transformers). Only checked where the
+    cells run on this machine: a runpod-gpu pool's paths are the pod's.
+    """
+    from eps_screen.tinymodel import is_tiny
+
+    if pool == "runpod-gpu" or is_tiny(ref):
+        return None
+    looks_local = ref.startswith(("/", ".", "~")) or not _HUB_ID.fullmatch(ref)
+    if not looks_local or Path(ref).expanduser().exists():
+        return None
+    return (f"{field}: {ref!r} looks like a local path and does not exist; give an existing model directory or a"
+            " hub id (org/name)")
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -488,6 +745,11 @@ def format_errors(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
         path = _field_path(e["loc"])
+        if not e["loc"] and re.match(r"[a-z_]+(\.[a-z_]+)*: ", e["msg"].removeprefix("Value error, ")):
+            path = ""  # a cross-field check whose message names its own field
+        if e["type"] == "value_error" and "\n" in e["msg"]:  # a validator's several problems, one line each
+            lines += [f"{path}: {m}" if path else m for m in e["msg"].removeprefix("Value error, ").splitlines()]
+            continue
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(e["loc"])
             hint = f"; allowed here: {', '.join(allowed)}" if allowed else ""
@@ -501,7 +763,7 @@ def format_errors(err: ValidationError) -> list[str]:
         shown = e.get("input")
         if e["type"] not in ("missing",) and not isinstance(shown, dict | list):
             msg = f"{msg} (got {shown!r})"
-        lines.append(f"{path}: {msg}")
+        lines.append(f"{path}: {msg}" if path else msg)
     return lines
 
 

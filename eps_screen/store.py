@@ -34,6 +34,7 @@ from pathlib import Path
 import polars as pl
 
 import eps_screen
+from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
 from eps_screen.remote import Remote, default_cache, is_url
@@ -70,13 +71,17 @@ def _inputs(config: ScreenConfig, fields: tuple[str, ...]) -> dict:
 
 
 def cell_key(config: ScreenConfig, cell: Cell) -> str:
-    payload = _inputs(config, _CELL_INPUTS)
+    """The key of a cell's resolved recipe (its levels' settings applied; design.key_treatments)."""
+    payload = _inputs(design.recipe(config, cell).config, _CELL_INPUTS)
     payload["cell"] = cell.id
-    return _digest(payload)
+    extra = design.key_treatments(config, dict(zip(cell.factors, cell.levels)))
+    return _digest(payload if extra is None else {**payload, "treatments": extra})
 
 
 def regime_key(config: ScreenConfig, regime: Regime) -> str:
-    return _digest({**_inputs(config, _REGIME_INPUTS), "regime": regime.id, "eval": None})
+    payload = {**_inputs(design.regime_recipe(config, regime).config, _REGIME_INPUTS), "regime": regime.id, "eval": None}
+    extra = design.key_treatments(config, design.regime_levels(config, regime))
+    return _digest(payload if extra is None else {**payload, "treatments": extra})
 
 
 def write_json(path: Path, data: dict) -> None:
