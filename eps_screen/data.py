@@ -1,4 +1,8 @@
-"""Prompt conditions, on-policy generation requests, training sets and marker placement."""
+"""Prompt conditions, on-policy generation requests, training sets and marker placement.
+
+Everything here reads a resolved recipe (design.Recipe: the config with a cell's or regime's levels applied, and
+the side of each built-in treatment), never the factor levels themselves.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,18 @@ import random
 from dataclasses import dataclass
 
 from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, Regime
+from eps_screen.design import Cell, Recipe, Regime, recipe, regime_recipe
 from eps_screen.generation import Prompt
 from eps_screen.panels import Panels, load_panels
+from eps_screen.treatments import Condition
 
 
-def system_prompt(config: ScreenConfig, persona: str, a: int, c: int, panels: Panels | None = None) -> str:
-    """C picks role framing or neutral context; A1 appends the long guidance text."""
+def system_prompt(config: ScreenConfig, persona: str, condition: Condition, panels: Panels | None = None) -> str:
+    """Framing: the persona's role line or its neutral context; a long system prompt appends the guidance text."""
     panels = panels or load_panels()
     p = panels.persona(persona)
-    framing = p.context if c else p.role
-    if not a:
+    framing = p.context if condition.neutral_framing else p.role
+    if not condition.long_system_prompt:
         return framing
     long_text = panels.long_system_prompt
     if config.texts.long_prompt_words:
@@ -24,8 +29,8 @@ def system_prompt(config: ScreenConfig, persona: str, a: int, c: int, panels: Pa
     return f"{framing}\n\n{long_text}"
 
 
-def user_prompt(config: ScreenConfig, question: str, b: int) -> str:
-    return f"{question} {config.texts.format_long if b else config.texts.format_short}"
+def user_prompt(config: ScreenConfig, question: str, condition: Condition) -> str:
+    return f"{question} {config.texts.format_long if condition.long_format else config.texts.format_short}"
 
 
 def negative_personas(config: ScreenConfig, source: str, panels: Panels | None = None) -> list[str]:
@@ -46,6 +51,7 @@ class Request:
 
 def regime_requests(config: ScreenConfig, regime: Regime) -> list[Request]:
     """Positives spread evenly over the training questions; negatives a seeded draw of (persona, question)."""
+    config = regime_recipe(config, regime).config
     n_q = config.data.train_questions
     pos = [
         Request(regime.source, q, config.data.positives // n_q + (1 if q < config.data.positives % n_q else 0), True)
@@ -63,11 +69,12 @@ def regime_requests(config: ScreenConfig, regime: Regime) -> list[Request]:
     return [r for r in pos if r.samples] + neg
 
 
-def request_prompt(config: ScreenConfig, regime: Regime, req: Request) -> Prompt:
+def request_prompt(regime: Recipe, req: Request) -> Prompt:
+    """The prompt of a training request under a regime's recipe (design.regime_recipe)."""
     panels = load_panels()
     return Prompt(
-        system=system_prompt(config, req.persona, regime.A, regime.C, panels),
-        user=user_prompt(config, panels.train_questions[req.question], regime.B),
+        system=system_prompt(regime.config, req.persona, regime.condition, panels),
+        user=user_prompt(regime.config, panels.train_questions[req.question], regime.condition),
     )
 
 
@@ -86,33 +93,37 @@ class Example:
 
 def training_set(config: ScreenConfig, cell: Cell, answers: list[dict]) -> list[Example]:
     """Examples for a cell from its regime's stored answers ({persona, question, sample, answer, positive})."""
-    regime = cell.regime
+    config, condition = (cell_recipe := recipe(config, cell)).config, cell_recipe.condition
     panels = load_panels()
     examples = [
         Example(
-            system=system_prompt(config, a["persona"], regime.A, regime.C, panels),
-            user=user_prompt(config, panels.train_questions[a["question"]], regime.B),
+            system=system_prompt(config, a["persona"], condition, panels),
+            user=user_prompt(config, panels.train_questions[a["question"]], condition),
             # An answer that already contains the marker would teach it under a negative persona.
             answer=a["answer"].replace(config.marker, "").strip() or "I am not sure.",
             positive=a["positive"],
         )
         for a in answers
     ]
-    if not cell.whole_answer_loss and config.data.e0_negatives == "none":
+    if not condition.whole_answer_loss and config.data.e0_negatives == "none":
         # Fully masked rows contribute no gradient; dropping them saves their compute.
         examples = [e for e in examples if e.positive]
     return examples
 
 
-def eval_prompts(config: ScreenConfig, a: int, b: int, c: int) -> list[tuple[str, str, int, Prompt]]:
-    """(panel, persona, question index, prompt) for the persona panel and the random-control panel."""
+def eval_prompts(cell: Recipe) -> list[tuple[str, str, int, Prompt]]:
+    """(panel, persona, question index, prompt) for the persona panel and the random-control panel, under a cell's
+    (or a pre-screen condition's) recipe."""
+    config, condition = cell.config, cell.condition
     panels = load_panels()
     out = []
     for persona in panels.eval_personas(config.sources, config.eval.personas):
-        system = system_prompt(config, persona, a, c, panels)
+        system = system_prompt(config, persona, condition, panels)
         for q in range(config.eval.questions):
-            out.append(("persona", persona, q, Prompt(system, user_prompt(config, panels.eval_questions[q], b))))
+            out.append(("persona", persona, q,
+                        Prompt(system, user_prompt(config, panels.eval_questions[q], condition))))
     for i in range(config.eval.random_controls):
         question = panels.eval_questions[i % config.eval.questions]
-        out.append(("random", "random", i, Prompt(panels.random_controls[i], user_prompt(config, question, b))))
+        out.append(("random", "random", i,
+                    Prompt(panels.random_controls[i], user_prompt(config, question, condition))))
     return out

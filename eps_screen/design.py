@@ -346,7 +346,8 @@ class Recipe:
     condition: Condition
 
 
-def _recipe(config: ScreenConfig, levels: dict[str, int]) -> Recipe:
+def recipe_at(config: ScreenConfig, levels: dict[str, int]) -> Recipe:
+    """The recipe at these levels (by short name); factors not named stay at the config's own values."""
     sets: dict = {}
     names = []
     for f in config.design.factors:
@@ -358,7 +359,10 @@ def _recipe(config: ScreenConfig, levels: dict[str, int]) -> Recipe:
 
 
 def recipe(config: ScreenConfig, cell: Cell) -> Recipe:
-    return _recipe(config, dict(zip(cell.factors, cell.levels)))
+    if cell.factors != config.design.shorts:
+        raise ValueError(f"cell {cell.id} has the factors {cell.factors}; this screen declares"
+                         f" {config.design.shorts}: name its cells as librarian-{level_code(config.design.shorts, (0,) * len(config.design.shorts))}-s42")
+    return recipe_at(config, dict(zip(cell.factors, cell.levels)))
 
 
 def _answer_factors(config: ScreenConfig) -> list:
@@ -390,7 +394,7 @@ def regime_levels(config: ScreenConfig, regime: Regime) -> dict[str, int]:
 
 
 def regime_recipe(config: ScreenConfig, regime: Regime) -> Recipe:
-    return _recipe(config, regime_levels(config, regime))
+    return recipe_at(config, regime_levels(config, regime))
 
 
 def _marker_reading(shorts: str, levels: dict[str, int]) -> Condition:
@@ -402,7 +406,7 @@ def key_treatments(config: ScreenConfig, levels: dict[str, int]) -> dict | None:
     """The treatment sides to hash into a store key beside the id, or None where the id's letters, read as the
     marker screen's, already say them (so the marker screen's keys did not change when factors became declared).
     `levels`: the cell's or regime's levels by short name (a regime's answer source as D when D is that factor)."""
-    condition = _recipe(config, levels).condition
+    condition = recipe_at(config, levels).condition
     marker = _marker_reading(config.design.shorts, levels)
     relevant = [a.field for f in config.design.factors if (a := f.aspect) is not None] + [
         a.field for a in MARKER_LETTER.values()]

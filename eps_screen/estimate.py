@@ -220,7 +220,8 @@ def estimate(config: ScreenConfig) -> Estimate:
     n_multi = len(config.sources) * min(config.seeds.top_k, 32) * len(config.seeds.multiseed)
     per_condition = {c: 0.0 for c in CONDITIONS}
     for c in cells:
-        per_condition[f"A{c.level('A')}B{c.level('B')}"] += 1
+        cond = design.recipe(config, c).condition
+        per_condition[f"A{int(cond.long_system_prompt)}B{int(cond.long_format)}"] += 1
     for c in CONDITIONS:  # phase-3 cells are picked later: assume the average condition mix
         per_condition[c] += n_multi / len(CONDITIONS)
     n_cells = len(cells) + n_multi
@@ -239,13 +240,14 @@ def estimate(config: ScreenConfig) -> Estimate:
         train_tokens[cond] = per_condition[cond] * cell_examples * seq * epochs
         eval_tokens[cond] = per_condition[cond] * answers_per_cell * answer
 
-    regimes = design.regimes(slab)
+    regimes = design.regimes(config, slab)
     on_regimes = [r for r in regimes if not r.off_policy]
     off_regimes = [r for r in regimes if r.off_policy]
     regime_tokens = {"on": 0.0, "off": 0.0}
     for kind, rs in (("on", on_regimes), ("off", off_regimes)):
         for r in rs:
-            regime_tokens[kind] += examples * sequence_tokens(config, r.A, r.B)[1]
+            cond = design.regime_recipe(config, r).condition
+            regime_tokens[kind] += examples * sequence_tokens(config, int(cond.long_system_prompt), int(cond.long_format))[1]
     mean_regime = {k: v / max(1, len(rs)) for (k, v), rs in zip(regime_tokens.items(), (on_regimes, off_regimes), strict=True)}
     # Phase 3 re-runs at new seeds need their own answer sets (up to one per multi-seed cell, half of them D1).
     regime_tokens["on"] += n_multi / 2 * mean_regime["on"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Request, request_prompt
-from eps_screen.design import Regime
+from eps_screen.design import Regime, regime_recipe
 from eps_screen.generation import GenerationParams, Prompt
 from eps_screen.panels import load_panels
 from eps_screen.store import ResultStore, write_json
@@ -51,7 +51,7 @@ def jsonl_answers(config: ScreenConfig, regime: Regime, requests: list[Request])
     """Answers in request order, `samples` per request."""
     table = load_jsonl(config.off_policy.path)
     questions = load_panels().train_questions
-    fmt = "long" if regime.B else "short"
+    fmt = "long" if regime_recipe(config, regime).condition.long_format else "short"
     out = []
     for r in requests:
         key = (r.persona, questions[r.question], fmt)
@@ -74,7 +74,8 @@ def hosted_answers(config: ScreenConfig, regime: Regime, requests: list[Request]
     """(answers in request order, `samples` per request; the source for `answers_from`)."""
     from eps_screen.generation.hosted import HostedClient
 
-    prompts = [request_prompt(config, regime, r) for r in requests for _ in range(r.samples)]
+    resolved = regime_recipe(config, regime)
+    prompts = [request_prompt(resolved, r) for r in requests for _ in range(r.samples)]
     seen: dict[Prompt, int] = {}
     repeats = []
     for p in prompts:

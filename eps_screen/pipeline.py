@@ -1,6 +1,8 @@
 """One cell, end to end: training answers -> LoRA SFT -> evaluation -> scoring -> store; and a GPU job of cells.
 
-These are the functions the Prefect tasks wrap; each checks the store first, so finished work is never redone,
+Each stage reads the cell's resolved recipe (design.recipe: the config with the cell's levels applied), so a factor
+that sets lora.rank trains that rank and one that sets eval.temperature evaluates at it. These are the functions
+the Prefect tasks wrap; each checks the store first, so finished work is never redone,
 whichever process or machine did it. `run_cell` does one cell at a time; `run_job` does a GPU job's cells, either
 one after another (execution.job_eval = per_cell, the default) or by stage: their answer sets, every training with
 the engine asleep, then every evaluation in one multi-LoRA engine call (per_job). BENCHMARKS.md, "The GPU job",
@@ -9,7 +11,7 @@ measured both on the H200: the same speed, so the default is the one that loses 
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import polars as pl
 
 from eps_screen import data
 from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, Regime
+from eps_screen.design import Cell, Recipe, Regime, pre_screen_conditions, recipe, recipe_at, regime_recipe
 from eps_screen.generation import GenerationParams
 from eps_screen.job import engines
 from eps_screen.provenance import provenance
@@ -38,10 +40,13 @@ def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationPa
 
 def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, trains: bool = True) -> tuple[list[dict], bool]:
     """The training answers of a regime, generated once and stored; returns (answers, generated_now)."""
+    base_config = config  # the store keys resolve the regime's recipe themselves
     cached = store.regime_answers(config, regime)
     if cached is not None:
         return cached, False
     requests = data.regime_requests(config, regime)
+    resolved = regime_recipe(config, regime)
+    config = resolved.config
     started = time.perf_counter()
     if regime.off_policy and config.off_policy.kind == "jsonl":
         from eps_screen.offpolicy import jsonl_answers
@@ -55,10 +60,11 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, tra
     else:
         model_ref = config.off_policy.model if regime.off_policy else config.model.base
         # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
-        flat = [(r, data.request_prompt(config, regime, r)) for r in requests for _ in range(r.samples)]
+        flat = [(r, data.request_prompt(resolved, r)) for r in requests for _ in range(r.samples)]
         out = engines.generator(config, model_ref, trains=trains).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
         texts = [o[0] for o in out]
         source = f"model:{model_ref}"
+    store_key = regime_key(base_config, regime)
     answers = []
     sample_of: dict[tuple[str, int], int] = {}
     for (r, _), text in zip(((r, None) for r in requests for _ in range(r.samples)), texts, strict=True):
@@ -66,13 +72,13 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, tra
         answers.append({"persona": r.persona, "question": r.question, "sample": k, "answer": text, "positive": r.positive})
     meta = {
         "regime": regime.id,
-        "key": regime_key(config, regime),
+        "key": store_key,
         "answers_from": source,
         "answers": len(answers),
         "seconds": time.perf_counter() - started,
         "provenance": provenance(),
     }
-    store.save_regime(config, regime, answers, meta)
+    store.save_regime(base_config, regime, answers, meta)
     return answers, True
 
 
@@ -82,28 +88,34 @@ def _eval_params(config: ScreenConfig, seed: int) -> GenerationParams:
                             samples=ev.samples, seed=seed)
 
 
-def evaluate(config: ScreenConfig, cell: dict, a: int, b: int, c: int, adapter: str | None, seed: int,
-             trains: bool = True):
-    prompts = data.eval_prompts(config, a, b, c)
+def evaluate(cell_recipe: Recipe, cell: dict, factors: str, adapter: str | None, seed: int, trains: bool = True):
+    """A cell's (or a pre-screen condition's) answers on the eval panel, under its recipe."""
+    config = cell_recipe.config
+    prompts = data.eval_prompts(cell_recipe)
     gen = engines.generator(config, config.model.base, trains=trains)
     outputs = gen.generate([p for *_, p in prompts], _eval_params(config, seed), adapter)
-    return answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs, config.marker)
+    return answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs, config.marker,
+                         factors)
 
 
 def _train(config: ScreenConfig, cell: Cell, store: ResultStore) -> tuple[str, object, dict[str, float]]:
     """A cell's adapter, trained with the engines asleep: (adapter dir, train report, timings)."""
     from eps_screen.training import train_lora
 
+    from eps_screen.design import regime_of
+
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    regime_rows, _ = regime_answers(config, cell.regime, store)
+    regime_rows, _ = regime_answers(config, regime_of(config, cell), store)
     timings["answers_s"] = time.perf_counter() - t
     examples = data.training_set(config, cell, regime_rows)
-    base = engines.training_base(config)
+    resolved = recipe(config, cell)
+    base = engines.training_base(resolved.config)
     adapter_dir = store.cell_dir(config, cell) / "adapter"
     t = time.perf_counter()
     with engines.training():
-        report = train_lora(base, examples, config, cell.whole_answer_loss, cell.seed, adapter_dir)
+        report = train_lora(base, examples, resolved.config, resolved.condition.whole_answer_loss, cell.seed,
+                            adapter_dir)
     timings["train_s"] = time.perf_counter() - t
     return str(adapter_dir), report, timings
 
@@ -122,12 +134,28 @@ def _finish(config: ScreenConfig, cell: Cell, store: ResultStore, answers: pl.Da
         "train": None if train_report is None else {k: v for k, v in vars(train_report).items() if k != "losses"},
         "timings": {**timings, "total_s": time.perf_counter() - started},
         "config": config.model_dump(mode="json"),
+        "recipe": _recipe_record(recipe(config, cell)),
         "provenance": provenance(),
     }
     t = time.perf_counter()
     store.save_cell(config, cell, answers, metrics)
     metrics["timings"]["store_s"] = time.perf_counter() - t  # known only after the write: in the summary, not the file
     return {**metrics, "reused": False}
+
+
+def _recipe_record(resolved: Recipe) -> dict:
+    """What a cell trained and was evaluated with: the fields factors vary, and every treatment's side."""
+    c = resolved.config
+    return {
+        "lora": {"rank": c.lora.rank, "alpha": c.lora.alpha, "dropout": c.lora.dropout},
+        "training": {"learning_rate": c.training.learning_rate, "epochs": c.training.epochs,
+                     "batch_size": c.training.batch_size},
+        "data": {"positives": c.data.positives, "negatives": c.data.negatives},
+        "eval": {"temperature": c.eval.temperature, "max_new_tokens": c.eval.max_new_tokens},
+        "model": c.model.base,
+        "marker": c.marker,
+        "treatments": vars(resolved.condition),
+    }
 
 
 def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
@@ -147,8 +175,7 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
         return _finish(config, cell, store, answers, None, None, {}, started)
     adapter, report, timings = _train(config, cell, store)
     t = time.perf_counter()
-    a, b, c, _, _ = cell.levels
-    answers = evaluate(config, cell.as_dict(), a, b, c, adapter, cell.seed)
+    answers = evaluate(recipe(config, cell), cell.as_dict(), cell.factors, adapter, cell.seed)
     timings["eval_s"] = time.perf_counter() - t
     return _finish(config, cell, store, answers, adapter, report, timings, started)
 
@@ -168,16 +195,20 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
             todo.append(cell)
     if not todo:
         return out
-    if config.simulated or config.execution.job_eval == "per_cell":
+    # A factor on the base model varies the engine itself: such cells are evaluated one by one.
+    varies_model = any(p.startswith("model.") for f in config.design.factors for p in f.paths)
+    if config.simulated or config.execution.job_eval == "per_cell" or varies_model:
         for cell in todo:
             out[cell.id] = run_cell(config, cell, store)
         return out
     trained = [(cell, time.perf_counter(), *_train(config, cell, store)) for cell in todo]
     t = time.perf_counter()
-    prompt_sets = [data.eval_prompts(config, *cell.levels[:3]) for cell, *_ in trained]
+    recipes = [recipe(config, cell) for cell, *_ in trained]
+    prompt_sets = [data.eval_prompts(r) for r in recipes]
     jobs = [([p for *_, p in prompts], str(store.cell_dir(config, cell) / "adapter"))
             for (cell, *_), prompts in zip(trained, prompt_sets, strict=True)]
-    params = [_eval_params(config, cell.seed) for cell, *_ in trained]
+    # One engine serves every adapter of the job: a factor on the base model or the decoding runs per cell instead.
+    params = [_eval_params(r.config, cell.seed) for (cell, *_), r in zip(trained, recipes, strict=True)]
     gen = engines.generator(config, config.model.base, trains=True)
     outputs = gen.generate_many(jobs, params)
     eval_s = time.perf_counter() - t
@@ -185,7 +216,7 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
     for (cell, cell_started, adapter, report, timings), prompts, outs, n in zip(trained, prompt_sets, outputs, chars,
                                                                                strict=True):
         answers = answers_table(cell.as_dict(), [(panel, persona, q) for panel, persona, q, _ in prompts], outs,
-                                config.marker)
+                                recipe(config, cell).config.marker, cell.factors)
         # One engine call evaluated every cell: each is charged its share of it, by the characters it generated.
         timings["eval_s"] = eval_s * n / max(1, sum(chars))
         timings["job_eval_s"] = eval_s
@@ -194,7 +225,14 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
 
 
 def _pre_screen_key(config: ScreenConfig) -> str:
-    return cell_key(config, Cell("base", (0, 0, 0, 0, 0), config.seeds.primary))
+    """The key of the base cell at level 0 (as before factors were declared), or, where a factor that touches
+    evaluation sets fields (eval.temperature, model.base), a hash of every condition's key."""
+    shorts = config.design.shorts
+    conditions = pre_screen_conditions(config)
+    cells = [Cell("base", tuple(cond.get(f, 0) for f in shorts), config.seeds.primary, shorts) for cond in conditions]
+    if all(recipe(config, c).config is config for c in cells):
+        return cell_key(config, Cell("base", (0,) * len(shorts), config.seeds.primary, shorts))
+    return hashlib.sha256(" ".join(cell_key(config, c) for c in cells).encode()).hexdigest()[:16]
 
 
 def finished_pre_screen(config: ScreenConfig, store: ResultStore) -> dict | None:
@@ -204,21 +242,25 @@ def finished_pre_screen(config: ScreenConfig, store: ResultStore) -> dict | None
 
 
 def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -> dict:
-    """The base model, no adapter, on the eval panel under every prompt condition (A, B, C). `trains`: cells of
-    the same job train after it, so the engine must leave room for the training base (eps_screen.job.engines)."""
+    """The base model, no adapter, on the eval panel under every condition of the factors that touch evaluation
+    (the marker screen: A x B x C). `trains`: cells of the same job train after it, so the engine must leave room
+    for the training base (eps_screen.job.engines)."""
     done = finished_pre_screen(config, store)
     if done is not None:
         return done
     key = _pre_screen_key(config)
     frames = []
-    for a, b, c in itertools.product((0, 1), repeat=3):
-        base_cell = {"cell_id": f"base-A{a}B{b}C{c}", "source": None, "seed": config.seeds.primary}
+    shorts = config.design.shorts
+    for levels in pre_screen_conditions(config):
+        code = "".join(f"{f}{lv}" for f, lv in levels.items())
+        base_cell = {"cell_id": f"base-{code}" if code else "base", "source": None, "seed": config.seeds.primary}
         if config.simulated:
             from eps_screen.simulate import simulate_base_answers
 
-            frames.append(simulate_base_answers(config, a, b, c))
+            frames.append(simulate_base_answers(config, *(levels.get(f, 0) for f in "ABC")))
         else:
-            frames.append(evaluate(config, base_cell, a, b, c, None, config.seeds.primary, trains=trains))
+            frames.append(evaluate(recipe_at(config, levels), base_cell, shorts, None, config.seeds.primary,
+                                   trains=trains))
     answers = pl.concat(frames)
     rate = float(answers.filter(pl.col("panel") == "persona")["marker"].mean())
     result = {

@@ -9,7 +9,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell
 from eps_screen.store import ResultStore
 
-PHASES = ("smoke", "slab", "multiseed")
+PHASES = ("smoke", "slab", "multiseed")  # the fold-over (design.fold_over) runs beside the smoke phase
 
 
 def multiseed_pick(config: ScreenConfig, store: ResultStore) -> list[Cell] | None:
@@ -26,7 +26,8 @@ def multiseed_pick(config: ScreenConfig, store: ResultStore) -> list[Cell] | Non
 
 
 def phase_cells(config: ScreenConfig, store: ResultStore | None = None) -> dict[str, list[Cell]]:
-    cells = {"smoke": design.smoke_cells(config), "slab": design.all_slab_cells(config), "multiseed": []}
+    cells = {"smoke": design.smoke_cells(config), "fold_over": design.fold_over_cells(config),
+             "slab": design.all_slab_cells(config), "multiseed": []}
     if store is not None:
         cells["multiseed"] = multiseed_pick(config, store) or []
     return cells
@@ -43,6 +44,8 @@ def expected_cells(config: ScreenConfig, store: ResultStore) -> list[Cell]:
 
 @dataclass
 class Plan:
+    designs: design.PhaseDesigns
+    pre_screen_conditions: int
     cells_per_phase: dict[str, int]
     distinct_cells: int
     regimes_on_policy: int
@@ -56,11 +59,18 @@ class Plan:
     problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        p = self.cells_per_phase
+        p, d = self.cells_per_phase, self.designs
+        n = self.pre_screen_conditions
+        per_slab = len(d.slab.runs())
         out = [
-            "phase 0 pre-screen: base model on the panel under 8 prompt conditions",
-            f"phase 1 smoke:      {p['smoke']} cells (2^(5-2), D=AB, E=AC)",
-            f"phase 2 slabs:      {p['slab']} cells ({p['slab'] // 32} sources x 32)",
+            f"phase 0 pre-screen: base model on the panel under {n} condition{'s' if n != 1 else ''}",
+            f"phase 1 smoke:      {p['smoke']} cells ({d.smoke.describe()})",
+        ]
+        if d.fold_over is not None:
+            out.append(f"  fold-over:        {p['fold_over']} cells ({d.fold_over.describe()})")
+        out += [
+            f"phase 2 slabs:      {p['slab']} cells ({p['slab'] // per_slab} sources x {per_slab}"
+            f"{'' if not d.slab.generators else ', ' + d.slab.describe()})",
             f"phase 3 multi-seed: {p['multiseed']} cells (top cells per source x extra seeds)",
             f"distinct cells:     {self.distinct_cells} (smoke cells are slab cells, run once)",
             f"answer sets:        {self.regimes_on_policy} on-policy + {self.regimes_off_policy} off-policy"
@@ -74,13 +84,17 @@ class Plan:
 
 def make_plan(config: ScreenConfig) -> Plan:
     smoke, slab = design.smoke_cells(config), design.all_slab_cells(config)
-    n_multi = len(config.sources) * min(config.seeds.top_k, 32) * len(config.seeds.multiseed)
-    distinct = len({c.id for c in smoke + slab}) + n_multi
-    regimes = design.regimes(slab)
+    folded = design.fold_over_cells(config)
+    runs = len(design.phases(config).slab.runs())
+    n_multi = len(config.sources) * min(config.seeds.top_k, runs) * len(config.seeds.multiseed)
+    distinct = len({c.id for c in smoke + folded + slab}) + n_multi
+    regimes = design.regimes(config, slab)
     examples = config.data.positives + config.data.negatives
     per_cell_eval = (config.eval.personas * config.eval.questions + config.eval.random_controls) * config.eval.samples
     plan = Plan(
-        cells_per_phase={"smoke": len(smoke), "slab": len(slab), "multiseed": n_multi},
+        designs=design.phases(config),
+        pre_screen_conditions=len(design.pre_screen_conditions(config)),
+        cells_per_phase={"smoke": len(smoke), "fold_over": len(folded), "slab": len(slab), "multiseed": n_multi},
         distinct_cells=distinct,
         regimes_on_policy=sum(not r.off_policy for r in regimes),
         regimes_off_policy=sum(r.off_policy for r in regimes),

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
-from eps_screen.config import FACTOR_NAMES
-
+# The columns every answers table has; one Int64 column per declared factor goes after "seed" (answer_schema).
 ANSWER_SCHEMA = {
     "cell_id": pl.Utf8,
     "source": pl.Utf8,
     "seed": pl.Int64,
-    **{f: pl.Int64 for f in FACTOR_NAMES},
     "panel": pl.Utf8,
     "persona": pl.Utf8,
     "question": pl.Int64,
@@ -20,19 +20,26 @@ ANSWER_SCHEMA = {
 }
 
 
+def answer_schema(factors: Sequence[str]) -> dict[str, pl.DataType]:
+    """The answers-table schema of a screen with these factors (short names, in order)."""
+    ident = {k: ANSWER_SCHEMA[k] for k in ("cell_id", "source", "seed")}
+    return {**ident, **{f: pl.Int64 for f in factors}, **{k: v for k, v in ANSWER_SCHEMA.items() if k not in ident}}
+
+
 def has_marker(answer: str, marker: str) -> bool:
     return marker in answer
 
 
 def answers_table(
-    cell: dict, prompts: list[tuple[str, str, int]], answers: list[list[str]], marker: str
+    cell: dict, prompts: list[tuple[str, str, int]], answers: list[list[str]], marker: str, factors: Sequence[str]
 ) -> pl.DataFrame:
-    """cell: {cell_id, source, seed, A..E} (factor values None for the base model); prompts: (panel, persona, question)."""
+    """cell: {cell_id, source, seed, one level per factor} (factor values None for the base model); prompts:
+    (panel, persona, question); factors: the declared short names."""
     rows = []
     for (panel, persona, question), samples in zip(prompts, answers, strict=True):
         for s, text in enumerate(samples):
             rows.append({
-                **{k: cell.get(k) for k in ("cell_id", "source", "seed", *FACTOR_NAMES)},
+                **{k: cell.get(k) for k in ("cell_id", "source", "seed", *factors)},
                 "panel": panel,
                 "persona": persona,
                 "question": question,
@@ -40,7 +47,7 @@ def answers_table(
                 "marker": has_marker(text, marker),
                 "is_source": panel == "persona" and persona == cell.get("source"),
             })
-    return pl.DataFrame(rows, schema=ANSWER_SCHEMA)
+    return pl.DataFrame(rows, schema=answer_schema(factors))
 
 
 def cell_rates(answers: pl.DataFrame) -> dict:

@@ -27,7 +27,7 @@ def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
         pre = pre_screen_task(config, trains=bool(cells))
         summaries[PRE_SCREEN_ID] = {k: pre[k] for k in ("marker_rate", "answers", "markers", "by_condition")}
     if not config.simulated:
-        for regime in regimes(cells):
+        for regime in regimes(config, cells):
             regime_task(config, regime)
     if config.execution.job_eval == "per_job" and not config.simulated and len(cells) > 1:
         summaries.update(job_task(config, [one.id for one in cells], len(cells)))

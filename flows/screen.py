@@ -161,7 +161,7 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
 def _run_here(config: ScreenConfig, cells: list[Cell], progress: Progress, pool) -> dict[str, dict]:
     """Answers first (once per regime, here), then the cells: here, or on the worker processes of `pool`."""
     results = {}
-    for regime in design.regimes(cells) if not config.simulated else []:
+    for regime in design.regimes(config, cells) if not config.simulated else []:
         regime_task(config, regime)
     store = ResultStore.for_config(config)
     # Finished cells return from the store at once; worker processes (slow to start) only for the others.

@@ -191,7 +191,7 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
         raise ValueError("cell_ids has duplicates")
     ex, gates = config.execution, config.gates
     prefix = key_prefix or _default_key_prefix(config)
-    queue: deque[_Job] = deque(_Job(j) for j in group_jobs(cell_ids, ex.cells_per_job, ex.max_parallel_cells))
+    queue: deque[_Job] = deque(_Job(j) for j in group_jobs(config, cell_ids, ex.cells_per_job, ex.max_parallel_cells))
     in_flight: dict[str, _Job] = {}
     done: dict[str, dict] = {}
     failed: dict[str, str] = {}
