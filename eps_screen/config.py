@@ -637,8 +637,11 @@ class ScreenConfig(_Strict):
     def _simulation_problems(self) -> list[str]:
         declared = self.design.shorts
         problems = []
+        defaults = SimulationConfig()
         for name in ("effects", "leak_effects"):
-            if name not in self.simulation.model_fields_set:
+            # The defaults are the marker screen's terms; they plant nothing in a screen without those factors (and
+            # come back set in every dump of a config, e.g. a Prefect parameter): only a config's own terms are checked.
+            if not self.simulated or getattr(self.simulation, name) == getattr(defaults, name):
                 continue
             for term in getattr(self.simulation, name):
                 if not term or any(ch not in declared for ch in term) or len(set(term)) != len(term):

@@ -192,7 +192,7 @@ def fraction(shorts: str, generators: list[str], where: str) -> Fraction:
 
 
 def _candidate_words(base: str) -> list[str]:
-    return ["".join(c) for n in range(2, len(base) + 1) for c in itertools.combinations(base, n)]
+    return ["".join(sorted(c)) for n in range(2, len(base) + 1) for c in itertools.combinations(base, n)]
 
 
 def min_aberration(within: Fraction, resolution: int) -> Fraction:

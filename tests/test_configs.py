@@ -96,7 +96,7 @@ BAD = [
     ({"eval": {"questions": 0}}, "eval.questions: Input should be greater than or equal to 1"),
     ({"eval": {"questions": "many"}}, "eval.questions: Input should be a valid integer"),
     ({"lora": {"rank": -1}}, "lora.rank: Input should be greater than or equal to 1"),
-    ({"factors": {"F": {"label": "x", "low": "a", "high": "b"}}}, "factors: unknown factors ['F']"),
+    ({"design": {"factors": [{"short": "AB", "label": "x", "levels": []}]}}, "design.factors.0.short: String should match"),
     ({"training": {"learning_rate": 2}}, "training.learning_rate: Input should be less than 1"),
     ({"colour": "blue"}, "colour: unknown field; allowed here: name, model"),
     ({"execution": {"pool": "moon"}}, "execution.pool: Input should be 'inprocess', 'local-gpu' or 'runpod-gpu'"),
