@@ -19,7 +19,7 @@ import polars as pl
 
 from eps_screen import gates
 from eps_screen.cell_metrics import CellMatrices, cell_matrices, check_answers
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell
 from eps_screen.gates import GateOutcome
 from eps_screen.predictions import judge_predictions
@@ -33,7 +33,7 @@ from eps_screen.schemas import (
     SeedReplicate,
     finite,
 )
-from eps_screen.screen_stats import ESTIMATOR, RESPONSES, ScreenEstimates, estimate_screen
+from eps_screen.screen_stats import ESTIMATOR, RESPONSES, ScreenEstimates, declarations, declared_factors, estimate_screen
 from eps_screen.stats import sign_table
 
 ARTIFACTS = ("main_effects.json", "interactions.json", "aggregate_metrics.json", "clean_result.html")
@@ -63,8 +63,9 @@ def compute(
     """Every number of the aggregation, without writing anything."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    check_answers(answers)
-    mats = cell_matrices(answers.filter(pl.col("source").is_not_null()))  # pre-screen rows have no source
+    factors = declared_factors(config)
+    check_answers(answers, factors)
+    mats = cell_matrices(answers.filter(pl.col("source").is_not_null()), factors)  # pre-screen rows have no source
     timings["cell_metrics"] = time.perf_counter() - t
 
     coverage, factorial, partial_sources = _coverage(config, mats, expected_cells)
@@ -78,9 +79,11 @@ def compute(
         gates.all_below_noise(d_sr, d_lr, config.gates.noise_d),
     ]
     earlier = [g for g in collect_gates(extras or {}) if g.number not in {n.number for n in new_gates}]
+    _, rules = declarations(config)
     predictions = (
         judge_predictions(
-            lambda r, term: est.draws_of(r, term), config.bootstrap.ci, est.widen, partial=bool(coverage.factorial_missing)
+            rules, lambda r, term, scale: est.draws_of(r, term, scale), est.term_names, config.bootstrap.ci, est.widen,
+            partial=bool(coverage.factorial_missing),
         )
         if est.sources else []
     )
@@ -97,9 +100,9 @@ def compute(
         logit_model=est.logit_model, logit_sensitivity=[e for e in est.logit if ":" in e.term],
     )
     metrics = AggregateMetricsFile(
-        **header, coverage=coverage, cells=_cell_records(mats, set(factorial)),
+        **header, coverage=coverage, cells=_cell_records(mats, set(factorial), factors),
         gates=sorted(earlier + new_gates, key=lambda g: g.number), predictions=predictions,
-        ab_means=est.ab_means, seed_replicates=_seed_replicates(mats),
+        ab_means=est.ab_means, seed_replicates=_seed_replicates(mats, factors),
         extras=_json_extras(extras or {}), timings_s=dict(timings),
     )
     return AggregateResult(main, inter, metrics, est, timings_s=timings)
@@ -160,7 +163,7 @@ def _coverage(config: ScreenConfig, mats: CellMatrices, expected: list[str]) -> 
     unexpected = sorted(present_set - set(expected))
     cells = mats.cells
     primary = config.seeds.primary
-    levels_known = pl.all_horizontal([pl.col(f).is_not_null() for f in FACTOR_NAMES])
+    levels_known = pl.all_horizontal([pl.col(f).is_not_null() for f in declared_factors(config)])
     factorial = (
         cells.filter((pl.col("seed") == primary) & pl.col("source").is_not_null() & levels_known)
         .get_column("cell_id").to_list()
@@ -174,14 +177,14 @@ def _coverage(config: ScreenConfig, mats: CellMatrices, expected: list[str]) -> 
     return coverage, factorial, partial_sources
 
 
-def _cell_records(mats: CellMatrices, factorial: set[str]) -> list[CellMetric]:
+def _cell_records(mats: CellMatrices, factorial: set[str], factors: tuple[str, ...]) -> list[CellMetric]:
     rates: dict[str, dict[str, float | None]] = {}
     for row in mats.persona_rates.iter_rows(named=True):
         rates.setdefault(row["cell_id"], {})[row["persona"]] = finite(row["rate"])
     out = []
     for row in mats.cells.iter_rows(named=True):
         out.append(CellMetric(
-            cell_id=row["cell_id"], source=row["source"], seed=row["seed"], levels={f: row[f] for f in FACTOR_NAMES},
+            cell_id=row["cell_id"], source=row["source"], seed=row["seed"], levels={f: row[f] for f in factors},
             SR=row["SR"], LR=row["LR"], random_rate=row["random_rate"], n_source=row["n_source"],
             n_leak=row["n_leak"], n_random=row["n_random"], leak_personas=row["leak_personas"],
             persona_rates=rates.get(row["cell_id"], {}), in_factorial=row["cell_id"] in factorial,
@@ -189,21 +192,21 @@ def _cell_records(mats: CellMatrices, factorial: set[str]) -> list[CellMetric]:
     return out
 
 
-def _seed_replicates(mats: CellMatrices) -> list[SeedReplicate]:
+def _seed_replicates(mats: CellMatrices, factors: tuple[str, ...]) -> list[SeedReplicate]:
     """Factor combinations present at more than one seed (the multi-seed phase) and their spread."""
     groups = (
         mats.cells.filter(pl.col("source").is_not_null())
         .sort("seed")
-        .group_by("source", *FACTOR_NAMES, maintain_order=True)
+        .group_by("source", *factors, maintain_order=True)
         .agg(pl.col("seed"), pl.col("SR"), pl.col("LR"))
         .filter(pl.col("seed").list.len() > 1)
-        .sort("source", *FACTOR_NAMES)
+        .sort("source", *factors)
     )
     out = []
     for g in groups.iter_rows(named=True):
         sr, lr = np.array(g["SR"], dtype=float), np.array(g["LR"], dtype=float)
         out.append(SeedReplicate(
-            source=g["source"], levels={f: g[f] for f in FACTOR_NAMES}, seeds=g["seed"],
+            source=g["source"], levels={f: g[f] for f in factors}, seeds=g["seed"],
             SR=[finite(x) for x in sr], LR=[finite(x) for x in lr],
             SR_sd=finite(np.std(sr, ddof=1)), LR_sd=finite(np.std(lr, ddof=1)),
         ))

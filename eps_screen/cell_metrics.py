@@ -1,7 +1,7 @@
 """From the answers table (one row per evaluated answer) to per-cell metrics and the cluster count matrices.
 
 The answers-table contract (written by the pipeline, read here):
-    cell_id str, source str, seed int, A..E int (0/1), panel 'persona'|'random', persona str ('random' on
+    cell_id str, source str, seed int, one int column (0/1) per declared factor (A, B, ...), panel 'persona'|'random', persona str ('random' on
     control rows), question int, sample int, marker bool, is_source bool (persona == source).
 
 Per cell: source rate SR = mean(marker) over the source persona's answers; leakage LR = mean over the
@@ -16,29 +16,34 @@ so a resample is a matrix product (stats.weighted_ratio):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
-from eps_screen.config import FACTOR_NAMES
-
 REQUIRED_COLUMNS: dict[str, str] = {
-    "cell_id": "text", "source": "text", "seed": "integer", **{f: "integer" for f in FACTOR_NAMES},
+    "cell_id": "text", "source": "text", "seed": "integer",
     "panel": "text", "persona": "text", "question": "integer", "sample": "integer", "marker": "boolean", "is_source": "boolean",
 }
+
+
+def required_columns(factors: Sequence[str]) -> dict[str, str]:
+    """The contract's columns for a screen with these factors (one integer column each)."""
+    return {**REQUIRED_COLUMNS, **{f: "integer" for f in factors}}
 
 
 class AnswersError(ValueError):
     """The answers table breaks the contract above; the message says how."""
 
 
-def check_answers(answers: pl.DataFrame) -> None:
-    missing = [c for c in REQUIRED_COLUMNS if c not in answers.columns]
+def check_answers(answers: pl.DataFrame, factors: Sequence[str]) -> None:
+    required = required_columns(factors)
+    missing = [c for c in required if c not in answers.columns]
     if missing:
         raise AnswersError(f"answers table lacks column(s) {', '.join(missing)}")
     kinds = {"text": lambda t: t == pl.String, "integer": lambda t: t.is_integer(), "boolean": lambda t: t == pl.Boolean}
-    for col, kind in REQUIRED_COLUMNS.items():
+    for col, kind in required.items():
         dtype = answers.schema[col]
         if dtype != pl.Null and not kinds[kind](dtype):
             raise AnswersError(f"answers column {col!r} should be {kind}, found {dtype}")
@@ -74,12 +79,13 @@ def _dense(frame: pl.DataFrame, rows: dict[str, int], cols: dict, col_name: str,
     return out
 
 
-def cell_matrices(answers: pl.DataFrame) -> CellMatrices:
-    """Per-cell metrics and count matrices of every cell in the table (cells sorted by id)."""
-    check_answers(answers)
+def cell_matrices(answers: pl.DataFrame, factors: Sequence[str]) -> CellMatrices:
+    """Per-cell metrics and count matrices of every cell in the table (cells sorted by id); factors: the declared
+    factors' short names, each a column of the table."""
+    check_answers(answers, factors)
     persona = answers.filter(pl.col("panel") == "persona")
     ident = answers.group_by("cell_id").agg(
-        pl.col("source").first(), pl.col("seed").first(), *[pl.col(f).first() for f in FACTOR_NAMES]
+        pl.col("source").first(), pl.col("seed").first(), *[pl.col(f).first() for f in factors]
     )
     per_persona = (
         persona.group_by("cell_id", "persona")

@@ -1,10 +1,11 @@
-"""SPEC's pre-registered predictions, each judged from the pooled estimates and their bootstrap CIs.
+"""The pre-registered predictions (config `predictions`, eps_screen/prediction_rules.py), each judged from the
+pooled estimates and their bootstrap CIs.
 
 The rule is the same for all: a prediction is a statement that a quantity is above (or below, or
 inside) a threshold. It is *confirmed* when the whole CI is on the predicted side, *not confirmed* when
 the whole CI is on the other side, and *inconclusive* when the CI spans the threshold. Quantities
-that combine estimates (the A x B ratio, the sign of D on both responses) are computed on every
-bootstrap resample, so their CIs come from the same draws as everything else.
+that combine estimates (a ratio to the next-largest term, the product of a term on both responses) are
+computed on every bootstrap resample, so their CIs come from the same draws as everything else.
 
 Signs follow the factor coding (level 1 minus level 0): "marker-only loss above whole-answer loss"
 means d(E) <= -0.3, because E1 is whole-answer loss.
@@ -12,19 +13,17 @@ means d(E) <= -0.3, because E1 is whole-answer loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from eps_screen.config import FACTOR_NAMES
+from eps_screen.prediction_rules import PredictionRule
 from eps_screen.schemas import Interval, PredictionOutcome
-from eps_screen.stats import interaction_pairs, percentile_ci, term_name
+from eps_screen.stats import percentile_ci
 
-_INTERACTIONS = [term_name(p) for p in interaction_pairs(FACTOR_NAMES)]
-
-# (response, term) -> (observed pooled d, resampled pooled d)
-DrawsOf = Callable[[str, str], tuple[float, np.ndarray]]
+# (response, term, scale) -> (observed pooled value, resampled pooled values)
+DrawsOf = Callable[[str, str, str], tuple[float, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -74,49 +73,40 @@ def _judge(
     )
 
 
-def judge_predictions(
-    draws_of: DrawsOf, ci: float = 0.95, widen: dict[str, float] | None = None, partial: bool = False,
-) -> list[PredictionOutcome]:
-    """Every SPEC prediction, from pooled d's: draws_of(response, term) -> (observed, resamples).
+def _quantity(rule: PredictionRule, draws_of: DrawsOf, terms: Sequence[str]) -> tuple[float, np.ndarray]:
+    """The rule's quantity, observed and on every resample."""
+    if rule.response == "SR x LR":
+        sr_obs, sr_boot = draws_of("SR", rule.term, rule.scale)
+        lr_obs, lr_boot = draws_of("LR", rule.term, rule.scale)
+        return sr_obs * lr_obs, sr_boot * lr_boot
+    obs, boot = draws_of(rule.response, rule.term, rule.scale)
+    if rule.quantity == "value":
+        return obs, boot
+    order = rule.term.count(":")
+    others = [t for t in terms if t != rule.term and t.count(":") == order]
+    other_obs = np.array([draws_of(rule.response, t, rule.scale)[0] for t in others])
+    other_boot = np.stack([draws_of(rule.response, t, rule.scale)[1] for t in others])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio_obs = abs(obs) / np.nanmax(np.abs(other_obs)) if np.isfinite(other_obs).any() else np.nan
+        ratio_boot = np.abs(boot) / np.max(np.abs(other_boot), axis=0)
+    return float(ratio_obs), ratio_boot
 
-    widen: the few-clusters factor per response (stats.few_cluster_factor), as for every other CI;
-    a quantity built from both responses uses the larger.
+
+def judge_predictions(
+    rules: Sequence[PredictionRule], draws_of: DrawsOf, terms: Sequence[str], ci: float = 0.95,
+    widen: dict[str, float] | None = None, partial: bool = False,
+) -> list[PredictionOutcome]:
+    """Every declared prediction, from pooled estimates: draws_of(response, term, scale) -> (observed, resamples).
+
+    terms: the reported terms' names (a ratio compares with the others of the same order). widen: the
+    few-clusters factor per response (stats.few_cluster_factor), as for every other CI; a quantity built
+    from both responses uses the larger.
     """
     w = {"SR": 1.0, "LR": 1.0, **(widen or {})}
     out = []
-    d = draws_of
-    main_sr = [
-        ("P1", "A", "Long system prompt implants more: d(A on SR) >= 0.4, averaged over sources", Rule("above", 0.4)),
-        ("P2", "E", "Marker-only loss implants more than whole-answer loss: d(E on SR) <= -0.3", Rule("below", -0.3)),
-        ("P3", "D", "On-policy implants more than off-policy: d(D on SR) <= -0.2", Rule("below", -0.2)),
-        ("P4", "B", "Long answer format collapses implantation: d(B on SR) <= -0.3 (its 'non-monotone' clause cannot be "
-               "tested with two levels of B: judged on the direction only)", Rule("below", -0.3)),
-        ("P5", "C", "Framing does not matter once A is accounted for: |d(C on SR)| < 0.15", Rule("inside", 0.15)),
-    ]
-    for pid, factor, statement, rule in main_sr:
-        obs, boot = d("SR", factor)
-        out.append(_judge(pid, statement, f"pooled d({factor} on SR)", obs, boot, rule, ci, w["SR"], partial))
-
-    # P6: |d(A:B)| more than twice the largest |d| among the other nine interactions (on SR), per resample.
-    others = [t for t in _INTERACTIONS if t != "A:B"]
-    ab_obs, ab_boot = d("SR", "A:B")
-    other_obs = np.array([d("SR", t)[0] for t in others])
-    other_boot = np.stack([d("SR", t)[1] for t in others])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio_obs = abs(ab_obs) / np.nanmax(np.abs(other_obs)) if np.isfinite(other_obs).any() else np.nan
-        ratio_boot = np.abs(ab_boot) / np.max(np.abs(other_boot), axis=0)
-    out.append(_judge("P6", "The A x B interaction is more than twice the next-largest interaction (on SR)",
-                      "|d(A:B)| / max other |d| on SR", float(ratio_obs), ratio_boot, Rule("above", 2.0), ci, w["SR"], partial))
-
-    # P7: leakage. A1 and E1 both reduce it; D1 moves it opposite to its effect on SR.
-    for pid, factor in (("P7a", "A"), ("P7b", "E")):
-        obs, boot = d("LR", factor)
-        label = {"A": "A long system prompt", "E": "Whole-answer loss"}[factor]
-        out.append(_judge(pid, f"{label} reduces leakage: d({factor} on LR) < 0", f"pooled d({factor} on LR)",
-                          obs, boot, Rule("below", 0.0), ci, w["LR"], partial))
-    sr_obs, sr_boot = d("SR", "D")
-    lr_obs, lr_boot = d("LR", "D")
-    out.append(_judge("P7c", "Off-policy data moves leakage opposite to source rate: d(D on SR) x d(D on LR) < 0",
-                      "d(D on SR) x d(D on LR)", sr_obs * lr_obs, sr_boot * lr_boot, Rule("below", 0.0), ci,
-                      max(w["SR"], w["LR"]), partial))
+    for rule in rules:
+        obs, boot = _quantity(rule, draws_of, terms)
+        widen_by = max(w["SR"], w["LR"]) if rule.response == "SR x LR" else w[rule.response]
+        out.append(_judge(rule.id, rule.statement, rule.name, float(obs), boot,
+                          Rule(rule.direction, rule.threshold), ci, widen_by, partial))
     return out

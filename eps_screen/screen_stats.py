@@ -14,12 +14,16 @@ The same draw applies to every cell of every source, because all cells answer th
 the same personas: the question and persona effects they share then move together in a resample, as
 they do between real screens, and the effects (differences between cells) get honest CIs.
 Training-run noise (config.bootstrap.training_noise): each cell is one trained adapter, and a second
-training run would give other rates. That variance is estimated per response from the residuals of the
-factorial model with the reported terms (in the full 2^5: the 16 unreported contrasts of order 3-5 of
-each source, 48 degrees of freedom over 3 sources), net of the part the cluster bootstrap already
-carries (stats.cell_noise), and every resample adds an independent draw of it to every cell's rate
-(N(0, (s * p(1-p))^2), s on the log-odds scale, shared by the sources). So effects, d's, pooled values,
-A x B means and predictions all carry question/persona sampling and training-run noise together.
+training run would give other rates. That variance is estimated per response and per source
+(stats.cell_noise) from the contrasts that hold no reported effect: the residual contrasts of the
+factorial model with the reported terms (in the full 2^5: the 16 unreported contrasts of order 3-5; a
+real high-order effect among them is screened out) and the seed replicates of the multi-seed phase,
+net of the part the cluster bootstrap already carries. A source with fewer than MIN_SOURCE_DF such
+contrasts uses the estimate over every source together; with none at all the CIs omit training noise,
+and `caveats` says so in a sentence for the page. Every resample adds an independent draw of it to every
+cell's rate (N(0, (s * p(1-p))^2), s on the log-odds scale, times t_df/z so that an s resting on few df
+gives t-width intervals). So effects, d's, pooled values, the pre-registered interaction's means and
+predictions all carry question/persona sampling and training-run noise together.
 Every statistic is computed on every resample. CIs are percentile intervals widened about the estimate
 by the few-clusters factor c = sqrt(G/(G-1)) * t_{G-1}/z (stats.few_cluster_factor; G = 20 questions
 for SR, 24 personas for LR): plain percentile intervals from 20 clusters cover about 92.5% instead of 95%.
@@ -27,13 +31,16 @@ for SR, 24 personas for LR): plain percentile intervals from 20 clusters cover a
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from eps_screen.cell_metrics import CellMatrices
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.config import ScreenConfig
+from eps_screen.prediction_rules import declared, reported_terms
 from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval, LogitEffect, SimpleEffect
 from eps_screen.stats import (
     CellNoise,
@@ -42,22 +49,44 @@ from eps_screen.stats import (
     cohens_d_rates,
     few_cluster_factor,
     holm,
-    interaction_pairs,
     level_mean_matrices,
     logistic_fe_clustered,
+    noise_contrasts,
     percentile_ci,
+    replicate_contrasts,
     resample_counts,
-    residual_projector,
+    residual_contrasts,
     term_columns,
     term_name,
     weighted_ratio,
 )
 
-PRE_REGISTERED: frozenset[str] = frozenset({"A:B"})  # SPEC: the one pre-registered interaction
 POOLED = "pooled"
 RESPONSES = ("SR", "LR")
-TERMS: list[tuple[str, ...]] = [(f,) for f in FACTOR_NAMES] + interaction_pairs(FACTOR_NAMES)
 STATS = ("effect", "d", "m_hi", "m_lo")
+# Fewer noise contrasts than this in one source and it takes the estimate over all sources: an SD from 5 df is
+# off by a third or more half the time, and the t_df/z widening at so few df costs more than sharing does.
+MIN_SOURCE_DF = 6
+
+
+def declared_factors(config: ScreenConfig) -> tuple[str, ...]:
+    """The short names of the config's declared factors, in config order: what every statistic keys on."""
+    return tuple(config.factors)
+
+
+def declarations(config: ScreenConfig):
+    """The pre-registered interactions and the predictions in force (prediction_rules.declared)."""
+    return declared(config.design.pre_registered, config.design.predictions, declared_factors(config))
+
+
+def factor_spec(config: ScreenConfig, short: str):
+    """A declared factor's label and level words (label, low, high)."""
+    return config.factors[short]
+
+
+def higher_order_words(factors: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Every effect of order 3 up to k, lowest order first: what the screen does not report."""
+    return [w for r in range(3, len(factors) + 1) for w in itertools.combinations(factors, r)]
 
 ESTIMATOR = (
     "Effect = mean response over the cells at the high level (coded +1) minus over the cells at the low level "
@@ -66,7 +95,7 @@ ESTIMATOR = (
     "and n_hi, n_lo their cell counts: s is the pooled within-level standard deviation of the individual 0/1 answers "
     "(marker or not), which for a 0/1 outcome is sqrt(m(1-m)) at each level; it pools the two levels, weighting by "
     "cells (all cells have the same number of answers). It is not the SD between cells, which would contain the other "
-    "factors' effects. Per source: the source's 32 primary-seed cells. Pooled: the unweighted mean of the per-source "
+    "factors' effects. Per source: the source's primary-seed cells of the factorial. Pooled: the unweighted mean of the per-source "
     "effects and d's (each source counts once; 'averaged over sources'), with its CI from the same resamples."
 )
 
@@ -77,20 +106,29 @@ class ScreenEstimates:
     estimates: list[EffectEstimate]
     ab_means: list[GroupMean]
     scheme: BootstrapScheme
+    factors: tuple[str, ...] = ()
+    terms: list[tuple[str, ...]] = field(default_factory=list)  # the reported terms, mains first
+    pre_registered: tuple[str, ...] = ()  # the pre-registered interactions ("A:B")
     # (response, source, stat) -> (observed per term, resamples per term x B)
     draws: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)  # response -> few-clusters factor of its CIs
-    training: dict[str, CellNoise] = field(default_factory=dict)  # response -> training-run variance in the CIs
-    simple_effects: list[SimpleEffect] = field(default_factory=list)  # A at B0 and at B1, per source and pooled
+    # response -> source -> the training-run variance its CIs carry
+    training: dict[str, dict[str, CellNoise]] = field(default_factory=dict)
+    caveats: list[str] = field(default_factory=list)  # sentences the page prints above the estimates
+    simple_effects: list[SimpleEffect] = field(default_factory=list)  # X at Y0 and Y1 of the pre-registered X:Y
     logit: list[LogitEffect] = field(default_factory=list)  # the logit-scale sensitivity, pooled fit per response
     logit_model: str = ""
 
+    @property
+    def term_names(self) -> list[str]:
+        return [term_name(t) for t in self.terms]
+
     def draws_of(self, response: str, term: str, stat: str = "d", source: str = POOLED) -> tuple[float, np.ndarray]:
         """(observed, resamples) of one statistic; NaN when it was not estimable (e.g. no answers of that kind)."""
-        if (response, source, stat) not in self.draws:
+        if (response, source, stat) not in self.draws or term not in self.term_names:
             return float("nan"), np.full(self.scheme.resamples, np.nan)
         obs, boot = self.draws[(response, source, stat)]
-        i = [term_name(t) for t in TERMS].index(term)
+        i = self.term_names.index(term)
         return float(obs[i]), boot[i]
 
     def main_d(self, response: str) -> dict[str, dict[str, float]]:
@@ -100,7 +138,7 @@ class ScreenEstimates:
             if (response, s, "d") not in self.draws:
                 continue
             obs, _ = self.draws[(response, s, "d")]
-            out[s] = {f: float(obs[i]) for i, f in enumerate(FACTOR_NAMES)}
+            out[s] = {f: float(obs[i]) for i, f in enumerate(self.factors)}
         return out
 
     def find(self, response: str, term: str, source: str = POOLED) -> EffectEstimate | None:
@@ -111,7 +149,7 @@ class ScreenEstimates:
 
 
 def term_label(config: ScreenConfig, term: tuple[str, ...]) -> str:
-    return " x ".join(config.factors[f].label for f in term) + f" ({term_name(term)})"
+    return " x ".join(factor_spec(config, f).label for f in term) + f" ({term_name(term)})"
 
 
 def _nanmean(stack: np.ndarray) -> np.ndarray:
@@ -123,12 +161,17 @@ def _nanmean(stack: np.ndarray) -> np.ndarray:
 def estimate_screen(
     config: ScreenConfig, mats: CellMatrices, factorial: list[str], partial_sources: set[str],
 ) -> ScreenEstimates:
-    """Effects, d and CIs of every term on SR and LR, per source in `factorial` and pooled over them."""
+    """Effects, d and CIs of every reported term on SR and LR, per source in `factorial` and pooled over them."""
+    factors = declared_factors(config)
+    terms = reported_terms(factors)
+    pre_registered, _ = declarations(config)
     cells = mats.cells
     row_of = {c: i for i, c in enumerate(mats.cell_ids)}
     idx = np.array([row_of[c] for c in factorial], dtype=int)
-    src = np.array(cells.get_column("source").to_list(), dtype=object)[idx] if idx.size else np.array([], dtype=object)
-    levels = cells.select(FACTOR_NAMES).to_numpy()[idx] if idx.size else np.empty((0, 5))
+    src_full = np.array(cells.get_column("source").to_list(), dtype=object)
+    src = src_full[idx] if idx.size else np.array([], dtype=object)
+    levels_full = cells.select(factors).to_numpy().astype(float)
+    levels = levels_full[idx] if idx.size else np.empty((0, len(factors)))
     present = set(src.tolist())
     sources = [s for s in config.sources if s in present] + sorted(present - set(config.sources))
 
@@ -140,32 +183,38 @@ def estimate_screen(
         "LR": resample_counts(n_p, resamples, rng) if n_p else np.zeros((resamples, 0)),
     }
     parts = {
-        "SR": (mats.sr_markers[idx], mats.sr_answers[idx]),
-        "LR": (mats.lr_rates[idx] * mats.lr_mask[idx], mats.lr_mask[idx]),
+        "SR": (mats.sr_markers, mats.sr_answers),
+        "LR": (mats.lr_rates * mats.lr_mask, mats.lr_mask),
     }
     ci = config.bootstrap.ci
     widen = {"SR": few_cluster_factor(n_q, ci), "LR": few_cluster_factor(n_p, ci)}
     n_clusters = {"SR": n_q, "LR": n_p}
     train_rng = np.random.default_rng([config.bootstrap.seed, 1])  # its own stream: the cluster draws stay as they were
     # the scheme names the training-run SDs, known only after the loop: set at the end
-    result = ScreenEstimates(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen)  # type: ignore[arg-type]
+    result = ScreenEstimates(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen,  # type: ignore[arg-type]
+                             factors=factors, terms=terms, pre_registered=pre_registered)
     coded = 2.0 * levels - 1.0
+    pair = _pair(factors, pre_registered)
 
     for response in RESPONSES:
         numer, denom = parts[response]
         if numer.shape[1] == 0:
             continue
-        obs_all = weighted_ratio(numer, denom, np.ones((1, numer.shape[1])))[:, 0]
-        boot_all = weighted_ratio(numer, denom, weights[response])
+        obs_full = weighted_ratio(numer, denom, np.ones((1, numer.shape[1])))[:, 0]
+        boot_full = weighted_ratio(numer, denom, weights[response])
+        obs_all, boot_all = obs_full[idx], boot_full[idx]
         rows_of = {s: np.flatnonzero((src == s) & np.isfinite(obs_all)) for s in sources}
-        columns = {s: term_columns(coded[rows], FACTOR_NAMES, TERMS) for s, rows in rows_of.items()}
+        columns = {s: term_columns(coded[rows], factors, terms) for s, rows in rows_of.items()}
         if config.bootstrap.training_noise:
-            noise = cell_noise(
-                [(residual_projector(columns[s]), obs_all[rows], boot_all[rows]) for s, rows in rows_of.items()],
-                n_clusters[response],
-            )
+            noise = _training_noise(factors, terms, idx, rows_of, coded, src_full, levels_full, obs_full, boot_full,
+                                    n_clusters[response])
             result.training[response] = noise
-            boot_all = boot_all + noise.rate_sd(obs_all)[:, None] * train_rng.standard_normal(boot_all.shape)
+            # The CIs stretch every resample about the estimate by the few-clusters factor, a correction owed to the
+            # cluster part only; the training part gets its own (t_df/z, in ci_sd), so its draws are divided by it.
+            sd = np.zeros(obs_all.shape)
+            for s, rows in rows_of.items():
+                sd[rows] = noise[s].rate_sd(obs_all[rows], ci) / widen[response]
+            boot_all = boot_all + sd[:, None] * train_rng.standard_normal(boot_all.shape)
         per_source: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         ab: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -182,8 +231,9 @@ def estimate_screen(
                 "d": (cohens_d_rates(m_hi, m_lo, n_hi, n_lo), cohens_d_rates(mb_hi, mb_lo, n_hi[:, None], n_lo[:, None])),
             }
             counts[s] = (n_hi, n_lo)
-            ab[s] = _ab_group_means(coded[rows], y, yb)
-            simple[s] = _simple_effects(coded[rows], y, yb)
+            if pair:
+                ab[s] = _ab_group_means(coded[rows][:, pair], y, yb)
+                simple[s] = _simple_effects(coded[rows][:, pair], y, yb)
         pooled = {
             stat: (_nanmean(np.stack([per_source[s][stat][0] for s in sources])),
                    _nanmean(np.stack([per_source[s][stat][1] for s in sources])))
@@ -195,62 +245,125 @@ def estimate_screen(
         for s, stats in per_source.items():
             # pooled is partial when any source is incomplete, including a source with no cells at all
             partial = bool(partial_sources) if s == POOLED else s in partial_sources
-            for stat, pair in stats.items():
-                result.draws[(response, s, stat)] = pair
-            result.estimates.extend(_records(config, response, s, stats, counts[s], partial, widen[response]))
-        if sources:
+            for stat, draws in stats.items():
+                result.draws[(response, s, stat)] = draws
+            result.estimates.extend(_records(config, result, response, s, stats, counts[s], partial, widen[response]))
+        if sources and pair:
             result.ab_means.extend(_ab_records(response, ab, ci, widen[response]))
             simple[POOLED] = {stat: (_nanmean(np.stack([simple[s][stat][0] for s in sources])),
                                      _nanmean(np.stack([simple[s][stat][1] for s in sources]))) for stat in SIMPLE_STATS}
             for s, stats in simple.items():
                 partial = bool(partial_sources) if s == POOLED else s in partial_sources
-                result.simple_effects.extend(_simple_records(config, response, s, stats, partial, ci, widen[response]))
+                result.simple_effects.extend(
+                    _simple_records(config, factors, pair, response, s, stats, partial, ci, widen[response]))
+    result.caveats = _caveats(result.training, config.bootstrap.training_noise)
     result.scheme = BootstrapScheme(
         resamples=resamples, ci=ci, seed=config.bootstrap.seed, widen=widen, method=_method(result.training),
         sr_clusters="eval questions (same draw for every cell)" + _training_note(result.training.get("SR")),
         lr_clusters="eval personas (same draw for every cell)" + _training_note(result.training.get("LR")),
         n_questions=n_q, n_personas=n_p,
-        training_sd={r: n.logit_sd for r, n in result.training.items()},
-        training_df={r: n.df for r, n in result.training.items()},
+        training_sd={f"{r} {s}": n.logit_sd for r, by in result.training.items() for s, n in by.items()},
+        training_df={f"{r} {s}": n.df for r, by in result.training.items() for s, n in by.items()},
     )
     if sources:
         result.logit_model, result.logit = logit_sensitivity(config, mats, idx, src, coded, sources, result)
     return result
 
 
-def _training_note(noise: CellNoise | None) -> str:
+def _pair(factors: tuple[str, ...], pre_registered: tuple[str, ...]) -> list[int]:
+    """Column indices (X, Y) of the first pre-registered interaction X:Y, whose simple effects and means are shown."""
+    for term in pre_registered:
+        x, y = term.split(":")
+        if x in factors and y in factors:
+            return [factors.index(x), factors.index(y)]
+    return []
+
+
+def _training_noise(
+    factors: tuple[str, ...], terms: list[tuple[str, ...]], idx: np.ndarray, rows_of: dict[str, np.ndarray],
+    coded: np.ndarray, src_full: np.ndarray, levels_full: np.ndarray, obs_full: np.ndarray, boot_full: np.ndarray,
+    clusters: int,
+) -> dict[str, CellNoise]:
+    """Per source, the training-run variance its cells carry: its own where it has MIN_SOURCE_DF noise contrasts,
+    else the estimate over every source's contrasts together (shared=True)."""
+    words = higher_order_words(factors)
+    usable = np.isfinite(obs_full) & np.isfinite(levels_full).all(axis=1)
+    contrasts = {}
+    for s, rows in rows_of.items():
+        factorial_rows = idx[rows]
+        in_factorial = set(factorial_rows.tolist())
+        # seed replicates: the same recipe of this source at another seed (the multi-seed phase), with its primary cell
+        primary_of = {tuple(levels_full[r]): int(r) for r in factorial_rows}
+        extra: dict[int, list[int]] = {}
+        for r in np.flatnonzero((src_full == s) & usable):
+            if int(r) not in in_factorial and tuple(levels_full[r]) in primary_of:
+                extra.setdefault(primary_of[tuple(levels_full[r])], []).append(int(r))
+        all_rows = np.concatenate([factorial_rows, np.array([r for g in extra.values() for r in g], dtype=int)])
+        pos = {int(r): i for i, r in enumerate(all_rows)}
+        n = all_rows.size
+        resid = residual_contrasts(term_columns(coded[rows], factors, terms), term_columns(coded[rows], factors, words))
+        resid = np.pad(resid, ((0, 0), (0, n - rows.size)))
+        reps = replicate_contrasts([[pos[p], *(pos[r] for r in g)] for p, g in extra.items()], n)
+        pure = np.r_[np.zeros(resid.shape[0], dtype=bool), np.ones(reps.shape[0], dtype=bool)]
+        contrasts[s] = noise_contrasts(np.vstack([resid, reps]), obs_full[all_rows], boot_full[all_rows], clusters, pure)
+    shared = dataclasses.replace(cell_noise(list(contrasts.values())), shared=True)
+    out = {}
+    for s, c in contrasts.items():
+        own = cell_noise([c])
+        out[s] = own if own.df >= MIN_SOURCE_DF else shared
+    return out
+
+
+def _caveats(training: dict[str, dict[str, CellNoise]], wanted: bool) -> list[str]:
+    """The sentence the page prints when some CIs carry no training-run noise (none estimable from this design)."""
+    if not wanted:
+        return ["The CIs omit training-run noise (bootstrap.training_noise is off): a second training run of a cell "
+                "would give other rates, and these intervals do not allow for it."]
+    missing = [f"{r} in {s}" for r, by in training.items() for s, n in by.items() if not (np.isfinite(n.logit_sd) and n.df > 0)]
+    if not missing:
+        return []
+    return [f"The CIs omit training-run noise ({', '.join(missing)}): this design leaves no contrast free of the "
+            "reported effects and has no seed replicates, so what a second training run would change could not be "
+            "estimated. Add seed replicates (seeds.multiseed) or a larger design."]
+
+
+def _training_note(noise: dict[str, CellNoise] | None) -> str:
     if noise is None:
         return ""
-    if not np.isfinite(noise.logit_sd):
-        return "; training-run noise not estimable (no residual degree of freedom), left out"
-    return f"; plus per-cell training-run noise, log-odds SD {noise.logit_sd:.3f} ({noise.df} residual df)"
+    parts = []
+    for s, n in noise.items():
+        if not np.isfinite(n.logit_sd) or n.df == 0:
+            parts.append(f"{s} not estimable (no noise contrast), left out")
+        else:
+            how = ("over all sources" if n.shared
+                   else f"{n.df - n.replicate_df} residual + {n.replicate_df} seed-replicate df")
+            parts.append(f"{s} log-odds SD {n.logit_sd:.3f} ({n.df} df, {how})")
+    return "; plus per-cell training-run noise: " + ", ".join(parts)
 
 
-def _method(training: dict[str, CellNoise]) -> str:
+def _method(training: dict[str, dict[str, CellNoise]]) -> str:
     base = "percentile, widened about the estimate by the few-clusters factor c = sqrt(G/(G-1)) t_{G-1}/z"
     if not training:
         return base + "; cluster bootstrap only (no training-run variance)"
     return (
         base + "; each resample adds independent per-cell training-run noise N(0, (s p(1-p))^2) to every cell's rate, "
-        "s (log-odds SD, shared by the sources) estimated from the residual contrasts of the factorial (order 3-5 in "
-        "the full 2^5) net of the cluster bootstrap's own variance: "
-        + ", ".join(
-            f"{r} s = {n.logit_sd:.3f} ({n.df} df)" if np.isfinite(n.logit_sd) else f"{r} not estimable (0 df), left out"
-            for r, n in training.items()
-        )
+        "s (log-odds SD, per source, times t_df/z) estimated from the contrasts that hold no reported effect (the "
+        "unreported higher-order contrasts, a real effect among them screened out, and the seed replicates) net of "
+        f"the cluster bootstrap's own variance; a source with fewer than {MIN_SOURCE_DF} such df uses the estimate "
+        "over all sources"
     )
 
 
-def _records(config, response, source, stats, counts, partial, widen) -> list[EffectEstimate]:
+def _records(config, est: ScreenEstimates, response, source, stats, counts, partial, widen) -> list[EffectEstimate]:
     ci = config.bootstrap.ci
     cis = {stat: percentile_ci(boot, ci, obs, widen) for stat, (obs, boot) in stats.items()}
     p_values = bootstrap_p(stats["effect"][1], stats["effect"][0], widen)
-    p_holm = _holm_exploratory(p_values)
+    p_holm = _holm_exploratory(est.terms, est.pre_registered, p_values)
     out = []
-    for i, term in enumerate(TERMS):
+    for i, term in enumerate(est.terms):
         name = term_name(term)
-        main = len(term) == 1
-        status = "main effect" if main else ("pre-registered" if name in PRE_REGISTERED else "exploratory")
+        pre = name in est.pre_registered
+        status = "main effect" if len(term) == 1 else ("pre-registered" if pre else "exploratory")
 
         def iv(stat: str) -> Interval:
             return Interval(low=cis[stat][0][i], high=cis[stat][1][i])
@@ -260,31 +373,29 @@ def _records(config, response, source, stats, counts, partial, widen) -> list[Ef
             effect=stats["effect"][0][i], effect_ci=iv("effect"), d=stats["d"][0][i], d_ci=iv("d"),
             mean_high=stats["m_hi"][0][i], mean_high_ci=iv("m_hi"), mean_low=stats["m_lo"][0][i], mean_low_ci=iv("m_lo"),
             n_high=int(counts[0][i]), n_low=int(counts[1][i]), partial=partial,
-            pre_registered=name in PRE_REGISTERED, status=status,
+            pre_registered=pre, status=status,
             p_value=p_values[i], p_holm=p_holm[i] if status == "exploratory" else None,
         ))
     return out
 
 
-def _exploratory_index() -> np.ndarray:
-    return np.array([i for i, t in enumerate(TERMS) if len(t) == 2 and term_name(t) not in PRE_REGISTERED])
-
-
-def _holm_exploratory(p_values: np.ndarray) -> np.ndarray:
-    """Holm-adjusted p-values of the nine exploratory interactions (NaN at every other term)."""
-    out = np.full(len(TERMS), np.nan)
-    family = _exploratory_index()
-    out[family] = holm(np.asarray(p_values)[family])
+def _holm_exploratory(terms: list[tuple[str, ...]], pre_registered: tuple[str, ...], p_values: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values of the exploratory interactions (those not pre-registered; NaN at every other term)."""
+    out = np.full(len(terms), np.nan)
+    family = np.array([i for i, t in enumerate(terms) if len(t) == 2 and term_name(t) not in pre_registered], dtype=int)
+    if family.size:
+        out[family] = holm(np.asarray(p_values)[family])
     return out
 
 
-# --------------------------------------------------------------------------- simple effects of A at each level of B
+# --------------------------------------------------------------------------- simple effects of X at each level of Y (X:Y pre-registered)
 
 SIMPLE_STATS = ("effect", "d", "m_hi", "m_lo")
 
 
 def _simple_effects(coded: np.ndarray, y: np.ndarray, yb: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """A's effect among the cells at B0 and among those at B1: per stat, (2,) observed and (2 x resamples)."""
+    """X's effect among the cells at Y0 and among those at Y1 (coded: the X and Y columns): per stat, (2,) observed
+    and (2 x resamples)."""
     a, b = coded[:, 0], coded[:, 1]
     hi = np.array([(a > 0) & (b == lv) for lv in (-1, 1)], dtype=float)
     lo = np.array([(a < 0) & (b == lv) for lv in (-1, 1)], dtype=float)
@@ -301,12 +412,13 @@ def _simple_effects(coded: np.ndarray, y: np.ndarray, yb: np.ndarray) -> dict[st
     }
 
 
-def _simple_records(config, response, source, stats, partial, ci, widen) -> list[SimpleEffect]:
+def _simple_records(config, factors, pair, response, source, stats, partial, ci, widen) -> list[SimpleEffect]:
     cis = {stat: percentile_ci(stats[stat][1], ci, stats[stat][0], widen) for stat in ("effect", "d")}
-    fa, fb = config.factors["A"], config.factors["B"]
+    x, y = factors[pair[0]], factors[pair[1]]
+    fx, fy = factor_spec(config, x), factor_spec(config, y)
     return [
         SimpleEffect(
-            factor="A", at="B", at_level=k, label=f"{fa.label} (A) with {fb.high if k else fb.low} (B{k})",
+            factor=x, at=y, at_level=k, label=f"{fx.label} ({x}) with {fy.high if k else fy.low} ({y}{k})",
             response=response, source=source, effect=stats["effect"][0][k],
             effect_ci=Interval(low=cis["effect"][0][k], high=cis["effect"][1][k]), d=stats["d"][0][k],
             d_ci=Interval(low=cis["d"][0][k], high=cis["d"][1][k]), mean_high=stats["m_hi"][0][k],
@@ -320,7 +432,7 @@ def _simple_records(config, response, source, stats, partial, ci, widen) -> list
 
 LOGIT_MODEL = (
     "Binomial logistic regression of the answers, pooled over sources: logit P(marker) = fixed effect of "
-    "(source, {cluster}) + the 15 coded terms (5 main effects, 10 two-factor interactions); a term's log-odds effect "
+    "(source, {cluster}) + the {n_terms} coded terms ({n_main} main effects, {n_pairs} two-factor interactions); a term's log-odds effect "
     "is 2 x its coefficient (level 1 minus level 0). Standard errors: cluster-robust sandwich by {cluster} (CR1, "
     "G = {g}), {training}; {ci:.0%} intervals and p-values from t with G-1 df. Groups in which every answer was alike "
     "carry no information and are left out ({dropped} left out)."
@@ -331,22 +443,22 @@ def logit_sensitivity(
     config: ScreenConfig, mats: CellMatrices, idx: np.ndarray, src: np.ndarray, coded: np.ndarray,
     sources: list[str], est: ScreenEstimates,
 ) -> tuple[str, list[LogitEffect]]:
-    """The 15 terms on the log-odds scale, one pooled fit per response, beside the rate-scale pooled effects.
+    """The reported terms on the log-odds scale, one pooled fit per response, beside the rate-scale pooled effects.
 
     SR: (cell, question) marker counts, fixed effects source x question, clusters = questions. LR: (cell, persona)
     rates of the non-source personas times their answer counts, fixed effects source x persona, clusters =
-    personas. When the CIs carry training-run noise, its variance (log-odds SD s, the same s) is added to each
-    log-odds effect's: 4 s^2 / cells (a balanced design's coefficient averages cells with weight 1/cells).
+    personas. When the CIs carry training-run noise, its variance is added to each log-odds effect's: 4 s^2 / cells
+    (a balanced design's coefficient averages cells with weight 1/cells), s^2 the cells' mean of their source's.
     """
     from scipy.special import stdtr, stdtrit  # Student t CDF and quantile (scipy.stats itself takes seconds to import)
 
     ci = config.bootstrap.ci
     src_i = np.array([sources.index(s) if s in sources else -1 for s in src])
-    cols = term_columns(coded, FACTOR_NAMES, TERMS)
+    cols = term_columns(coded, est.factors, est.terms)
     design = np.column_stack([np.ones(int((src_i >= 0).sum())), cols[src_i >= 0]])
     if np.linalg.matrix_rank(design) < design.shape[1]:  # e.g. only the smoke fraction: D is A x B there
-        return ("Not fitted: the cells present do not separate the 15 terms (some are aliased, as D and A x B are in "
-                "the smoke fraction), so their log-odds effects are not estimable.", [])
+        return (f"Not fitted: the cells present do not separate the {len(est.terms)} terms (some are aliased, as D and "
+                "A x B are in the marker screen's smoke fraction), so their log-odds effects are not estimable.", [])
     out: list[LogitEffect] = []
     texts = []
     for response in RESPONSES:
@@ -365,16 +477,17 @@ def logit_sensitivity(
             succ.ravel()[keep], trials.ravel()[keep], np.repeat(cols, n_k, axis=0)[keep],
             (np.repeat(src_i, n_k) * n_k + k_idx)[keep], k_idx[keep],
         )
-        noise = est.training.get(response)
-        s = noise.logit_sd if noise is not None and np.isfinite(noise.logit_sd) else 0.0
+        by_source = est.training.get(response, {})
+        cells_of = {x: int((src == x).sum()) for x in sources}
+        s = float(np.sqrt(sum(cells_of[x] * n.ci_sd(ci) ** 2 for x, n in by_source.items()) / max(sum(cells_of.values()), 1)))
         effect, se = 2 * fit.coef, np.sqrt((2 * fit.se) ** 2 + 4 * s**2 / max(int((src_i >= 0).sum()), 1))
         df = max(fit.clusters - 1, 1)
         with np.errstate(invalid="ignore", divide="ignore"):
             tstat = effect / se
         p = 2 * stdtr(df, -np.abs(tstat))
         half = stdtrit(df, 1 - (1 - ci) / 2) * se
-        p_holm = _holm_exploratory(p)
-        for i, term in enumerate(TERMS):
+        p_holm = _holm_exploratory(est.terms, est.pre_registered, p)
+        for i, term in enumerate(est.terms):
             name = term_name(term)
             rate = est.find(response, name)
             rate_clear = rate is not None and _excludes_zero(rate.effect_ci)
@@ -384,13 +497,14 @@ def logit_sensitivity(
                      (False, True): "logit scale only", (False, False): "neither"}[(rate_clear, logit_clear)]
             out.append(LogitEffect(
                 term=name, label=term_label(config, term), response=response, log_odds=effect[i], ci=iv,
-                p_value=p[i], p_holm=p_holm[i] if len(term) == 2 and name not in PRE_REGISTERED else None,
+                p_value=p[i], p_holm=p_holm[i] if len(term) == 2 and name not in est.pre_registered else None,
                 rate_clear=rate_clear, logit_clear=logit_clear, scale=scale,
             ))
-        training = (f"plus the training-run variance 4 s^2 / cells (s = {s:.3f})" if s > 0 else
+        training = (f"plus the training-run variance 4 s^2 / cells (s = {s:.3f}, the cells' root mean square)" if s > 0 else
                     "without a training-run term (none estimated)")
         texts.append(f"{response}: " + LOGIT_MODEL.format(
-            cluster=cluster_name, g=fit.clusters, training=training, ci=ci, dropped=fit.dropped,
+            cluster=cluster_name, g=fit.clusters, training=training, ci=ci, dropped=fit.dropped, n_terms=len(est.terms),
+            n_main=len(est.factors), n_pairs=len(est.terms) - len(est.factors),
         ) + ("" if fit.converged else " The fit did not converge; read it with care."))
     return " ".join(texts), out
 
@@ -403,7 +517,8 @@ _AB = [(a, b) for a in (0, 1) for b in (0, 1)]
 
 
 def _ab_group_means(coded: np.ndarray, y: np.ndarray, yb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean response of the cells at each (A, B) combination: (4,) observed and (4 x B) resampled."""
+    """Mean response of the cells at each (X, Y) combination of the pre-registered pair (coded: its two columns):
+    (4,) observed and (4 x B) resampled. GroupMean's A and B fields hold X's and Y's levels."""
     groups = np.array([(coded[:, 0] == 2 * a - 1) & (coded[:, 1] == 2 * b - 1) for a, b in _AB], dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         g = groups / groups.sum(1, keepdims=True)

@@ -2,16 +2,19 @@
 
 The model (all effects on the log-odds of "this answer ends with the marker"):
 
-    source persona s, question q:   logit p = base_logit + sum_F effects[F]/2 * x_F + interaction_ab/2 * x_A x_B + u_q + v_s + e_c
-    other persona p, question q:    logit p = base_logit + leak_offset + sum_F leak_effects[F]/2 * x_F + u_q + v_p + e_c
-    random-control prompt r:        logit p = base_logit + leak_offset + sum_F leak_effects[F]/2 * x_F + w_r + e_c
+    source persona s, question q:   logit p = base_logit + sum_T effects[T]/2 * x_T + u_q + v_s + e_c
+    other persona p, question q:    logit p = base_logit + leak_offset + sum_T leak_effects[T]/2 * x_T + u_q + v_p + e_c
+    random-control prompt r:        logit p = base_logit + leak_offset + sum_T leak_effects[T]/2 * x_T + w_r + e_c
 
-x_F = -1/+1 is the cell's coded level of factor F. What "planted" means exactly: effects[F] is the
-difference in log-odds between F high and F low with everything else (other factors, question,
+T runs over the planted terms, named by the letters of declared factors ("A", "AB", "ACE"), and x_T is the
+product of the cell's coded levels (-1/+1) of T's factors. What "planted" means exactly: effects[F] is
+the difference in log-odds between F high and F low with everything else (other factors, question,
 persona) held fixed, i.e. the textbook factorial *effect* on the logit scale, so each level adds
-+-effects[F]/2. interaction_ab is the A x B interaction effect on the same scale: A's log-odds effect
-is effects[A] + interaction_ab at B high and effects[A] - interaction_ab at B low. A random-control
-prompt behaves like a non-source persona of average persona effect (leakage generic to any text).
++-effects[F]/2; effects["AB"] is the A x B interaction effect on the same scale: A's log-odds effect is
+effects[A] + effects[AB] at B high and effects[A] - effects[AB] at B low. simulation.interaction_ab adds
+to effects["AB"] when A and B are declared. A term naming an undeclared factor plants nothing (the
+defaults are the marker screen's A-E). A random-control prompt behaves like a non-source persona of
+average persona effect (leakage generic to any text).
 
 u_q ~ N(0, question_sd^2), v_p ~ N(0, persona_sd^2) and w_r ~ N(0, question_sd^2) are drawn once per
 screen from `screen_seed` (each keyed by question index or persona id, so the lists' lengths do not
@@ -39,10 +42,12 @@ from functools import lru_cache
 import numpy as np
 import polars as pl
 
-from eps_screen.config import FACTOR_NAMES, ScreenConfig, SimulationConfig
+from eps_screen.config import ScreenConfig, SimulationConfig
 from eps_screen.design import Cell
 from eps_screen.panels import load_panels
-from eps_screen.scoring import ANSWER_SCHEMA  # the answers-table contract, defined once
+from eps_screen.prediction_rules import reported_terms
+from eps_screen.scoring import answer_schema  # the answers-table contract, defined once
+from eps_screen.screen_stats import declared_factors
 
 # Sub-streams of one screen seed, so question, persona and control effects are independent of each other.
 _QUESTION, _PERSONA, _CONTROL, _BASE, _CELL = 1, 2, 3, 4, 5
@@ -78,35 +83,48 @@ def cell_effect(sim: SimulationConfig, cell: Cell, screen_seed: int = 0) -> floa
     return sim.cell_sd * float(np.random.default_rng([screen_seed, _CELL, _key(cell.id)]).standard_normal())
 
 
-def coded_levels(cell: Cell) -> dict[str, int]:
-    return {f: 2 * lvl - 1 for f, lvl in zip(FACTOR_NAMES, cell.levels, strict=True)}
+def coded_levels(cell: Cell, factors: Sequence[str]) -> dict[str, int]:
+    return {f: 2 * lvl - 1 for f, lvl in zip(factors, cell.levels, strict=True)}
 
 
-def source_logit(sim: SimulationConfig, cell: Cell) -> float:
+def planted_terms(effects: dict[str, float], factors: Sequence[str], interaction_ab: float = 0.0) -> dict[str, float]:
+    """The planted log-odds effects by term (letters sorted), of declared factors only."""
+    out: dict[str, float] = {}
+    for term, value in effects.items():
+        letters = "".join(sorted(term.replace(":", "")))
+        if value and all(f in factors for f in letters):
+            out[letters] = out.get(letters, 0.0) + value
+    if interaction_ab and "A" in factors and "B" in factors:
+        out["AB"] = out.get("AB", 0.0) + interaction_ab
+    return out
+
+
+def _linear(terms: dict[str, float], x: dict[str, int]) -> float:
+    return sum(v / 2 * float(np.prod([x[f] for f in t])) for t, v in terms.items())
+
+
+def source_logit(sim: SimulationConfig, cell: Cell, factors: Sequence[str]) -> float:
     """Fixed part of the source persona's log-odds in this cell (no question or persona effect)."""
-    x = coded_levels(cell)
-    eta = sim.base_logit + sum(sim.effects.get(f, 0.0) / 2 * x[f] for f in FACTOR_NAMES)
-    return eta + sim.interaction_ab / 2 * x["A"] * x["B"]
+    return sim.base_logit + _linear(planted_terms(sim.effects, factors, sim.interaction_ab), coded_levels(cell, factors))
 
 
-def leak_logit(sim: SimulationConfig, cell: Cell) -> float:
+def leak_logit(sim: SimulationConfig, cell: Cell, factors: Sequence[str]) -> float:
     """Fixed part of a non-source persona's (or a random control's) log-odds in this cell."""
-    x = coded_levels(cell)
-    return sim.base_logit + sim.leak_offset + sum(sim.leak_effects.get(f, 0.0) / 2 * x[f] for f in FACTOR_NAMES)
+    return sim.base_logit + sim.leak_offset + _linear(planted_terms(sim.leak_effects, factors), coded_levels(cell, factors))
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _frame(columns: dict[str, object], n: int) -> pl.DataFrame:
+def _frame(columns: dict[str, object], n: int, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Build n rows in the answers schema: arrays become columns, scalars (None included) are broadcast."""
     arrays = {k: v for k, v in columns.items() if isinstance(v, np.ndarray)}
     frame = pl.DataFrame(arrays).with_columns(
-        pl.lit(v, dtype=ANSWER_SCHEMA[k]).alias(k) for k, v in columns.items() if k not in arrays
+        pl.lit(v, dtype=schema[k]).alias(k) for k, v in columns.items() if k not in arrays
     )
     assert frame.height == n
-    return frame.select(pl.col(k).cast(dtype) for k, dtype in ANSWER_SCHEMA.items())
+    return frame.select(pl.col(k).cast(dtype) for k, dtype in schema.items())
 
 
 def _answers(
@@ -137,9 +155,10 @@ def _answers(
         "is_source": np.zeros(n_r * n_samples, dtype=bool),
     }
     ident = {"cell_id": cell_id, "source": source, "seed": seed, **levels}
-    parts = [_frame({**ident, **persona_part}, rows)]
+    schema = answer_schema(list(levels))
+    parts = [_frame({**ident, **persona_part}, rows, schema)]
     if n_r:
-        parts.append(_frame({**ident, **random_part}, n_r * n_samples))
+        parts.append(_frame({**ident, **random_part}, n_r * n_samples, schema))
     return pl.concat(parts)
 
 
@@ -150,16 +169,16 @@ def simulate_cell_answers(
     """One cell's evaluated answers (answers-table schema) drawn from the planted model above."""
     if cell.source not in personas:
         raise ValueError(f"the source persona {cell.source!r} is not among the eval personas")
-    sim = config.simulation
+    sim, factors = config.simulation, declared_factors(config)
     u = question_effects(sim, n_questions, screen_seed)
     v = persona_effects(sim, personas, screen_seed)
     is_source = np.array([p == cell.source for p in personas])
     e = cell_effect(sim, cell, screen_seed)
-    fixed = np.where(is_source, source_logit(sim, cell), leak_logit(sim, cell)) + e
+    fixed = np.where(is_source, source_logit(sim, cell, factors), leak_logit(sim, cell, factors)) + e
     p_persona = _sigmoid(fixed[:, None] + v[:, None] + u[None, :])
-    p_random = _sigmoid(leak_logit(sim, cell) + e + control_effects(sim, n_random, screen_seed))
+    p_random = _sigmoid(leak_logit(sim, cell, factors) + e + control_effects(sim, n_random, screen_seed))
     rng = np.random.default_rng([screen_seed, _key(cell.id)])
-    levels = dict(zip(FACTOR_NAMES, cell.levels, strict=True))
+    levels = dict(zip(factors, cell.levels, strict=True))
     return _answers(cell.id, cell.source, cell.seed, levels, personas, p_persona, p_random, n_samples, rng)
 
 
@@ -186,7 +205,7 @@ def simulate_base_answers(
     p_random = _sigmoid(base + control_effects(sim, n_random, screen_seed))
     cell_id = f"base-A{a}B{b}C{c}"
     rng = np.random.default_rng([screen_seed, _BASE, _key(cell_id)])
-    levels: dict[str, int | None] = {f: None for f in FACTOR_NAMES}
+    levels: dict[str, int | None] = {f: None for f in declared_factors(config)}
     return _answers(cell_id, None, config.seeds.primary, levels, personas, p_persona, p_random, n_samples, rng)
 
 
@@ -229,14 +248,15 @@ def expected_rates(
     Effects and Cohen's d of these rates (stats.py applied to this table) are the planted values on
     the scale the aggregation reports, to be compared with its estimates and CIs.
     """
-    sim = config.simulation
+    sim, factors = config.simulation, declared_factors(config)
     u = question_effects(sim, n_questions, screen_seed)
     v = dict(zip(personas, persona_effects(sim, personas, screen_seed), strict=True))
     rows = []
     for c in cells:
-        sr = float(_mean_sigmoid(source_logit(sim, c) + v[c.source], np.hypot(sim.question_sd, sim.cell_sd)))
-        lr = float(_mean_sigmoid(leak_logit(sim, c) + u, np.hypot(sim.persona_sd, sim.cell_sd)).mean())
-        rows.append({**c.as_dict(), "SR": sr, "LR": lr})
+        sr = float(_mean_sigmoid(source_logit(sim, c, factors) + v[c.source], np.hypot(sim.question_sd, sim.cell_sd)))
+        lr = float(_mean_sigmoid(leak_logit(sim, c, factors) + u, np.hypot(sim.persona_sd, sim.cell_sd)).mean())
+        rows.append({"cell_id": c.id, "source": c.source, "seed": c.seed, **dict(zip(factors, c.levels, strict=True)),
+                     "SR": sr, "LR": lr})
     return pl.DataFrame(rows)
 
 
@@ -248,9 +268,11 @@ def true_effects(
     The screen's estimators (per source over its cells, pooled = mean over sources) applied to the
     noise-free rates of `expected_rates`: what a screen with infinitely many answers would report.
     """
-    from eps_screen.screen_stats import POOLED, TERMS
+    from eps_screen.screen_stats import POOLED
     from eps_screen.stats import cohens_d_rates, level_mean_matrices, term_columns, term_name
 
+    factors = declared_factors(config)
+    terms = reported_terms(factors)
     rates = expected_rates(config, cells, personas, n_questions, screen_seed=screen_seed)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     sources = list(dict.fromkeys(rates.get_column("source").to_list()))
@@ -258,15 +280,15 @@ def true_effects(
         per_source = []
         for s in sources:
             part = rates.filter(pl.col("source") == s)
-            coded = 2.0 * part.select(FACTOR_NAMES).to_numpy() - 1.0
-            hi, lo, n_hi, n_lo = level_mean_matrices(term_columns(coded, FACTOR_NAMES, TERMS))
+            coded = 2.0 * part.select(factors).to_numpy() - 1.0
+            hi, lo, n_hi, n_lo = level_mean_matrices(term_columns(coded, factors, terms))
             y = part.get_column(response).to_numpy()
             m_hi, m_lo = hi @ y, lo @ y
             stats = {"effect": m_hi - m_lo, "d": cohens_d_rates(m_hi, m_lo, n_hi, n_lo), "m_hi": m_hi, "m_lo": m_lo}
             per_source.append(stats)
-            for i, term in enumerate(TERMS):
+            for i, term in enumerate(terms):
                 out[(response, s, term_name(term))] = {k: float(v[i]) for k, v in stats.items()}
-        for i, term in enumerate(TERMS):
+        for i, term in enumerate(terms):
             out[(response, POOLED, term_name(term))] = {
                 k: float(np.mean([st[k][i] for st in per_source])) for k in ("effect", "d", "m_hi", "m_lo")
             }

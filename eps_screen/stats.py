@@ -276,13 +276,98 @@ def residual_projector(columns: np.ndarray) -> np.ndarray:
     return np.eye(x.shape[0]) - x @ np.linalg.pinv(x)
 
 
+def residual_contrasts(reported: np.ndarray, unreported: np.ndarray) -> np.ndarray:
+    """(m x runs) orthonormal contrasts spanning the residual space of the reported terms, m its rank.
+
+    unreported: (runs x words) the coded columns of the effects the screen does not report (orders 3 and up),
+    lowest order first. Each is projected on the residual space and kept when something is left of it
+    (Gram-Schmidt): in a regular design (full or fractional) every residual contrast is then exactly one
+    unreported effect, or one alias chain of them, so a real three-factor interaction sits in one contrast,
+    where `cell_noise` can set it apart, instead of being smeared over all of them.
+    """
+    r = residual_projector(reported)
+    rank = int(round(np.trace(r)))
+    basis: list[np.ndarray] = []
+    for v in (r @ unreported).T:
+        for b in basis:
+            v = v - (b @ v) * b
+        norm = float(np.linalg.norm(v))
+        if norm > 1e-8 * max(1.0, np.sqrt(v.size)):
+            basis.append(v / norm)
+        if len(basis) == rank:
+            break
+    if len(basis) < rank:  # the words given do not span it (a caller passing fewer): complete with R's eigenvectors
+        vals, vecs = np.linalg.eigh(r)
+        for v in vecs[:, vals > 0.5].T:
+            for b in basis:
+                v = v - (b @ v) * b
+            if np.linalg.norm(v) > 1e-6:
+                basis.append(v / np.linalg.norm(v))
+            if len(basis) == rank:
+                break
+    return np.array(basis).reshape(len(basis), reported.shape[0])
+
+
+def replicate_contrasts(groups: Sequence[Sequence[int]], runs: int) -> np.ndarray:
+    """(m x runs) orthonormal within-group (Helmert) contrasts of rows that repeat one recipe at other seeds.
+
+    Rows of one group share every factor level, so these contrasts hold no effect at all: only training-run
+    and answer-sampling noise. m = sum over groups of (size - 1).
+    """
+    out = []
+    for g in groups:
+        for k in range(1, len(g)):
+            w = np.zeros(runs)
+            w[list(g[:k])] = 1.0 / k
+            w[g[k]] = -1.0
+            out.append(w / np.linalg.norm(w))
+    return np.array(out).reshape(len(out), runs)
+
+
+# A residual contrast more than this many SDs from 0 is taken for a real effect (e.g. an unreported three-factor
+# interaction) and left out of the noise estimate; the kept ones are rescaled by E[z^2 | |z| < TRIM] (a normal
+# truncated there), so with no real effect the estimate stays unbiased. Lenth (1989) screens contrasts the same way.
+# 3 SDs and at least TRIM_MIN residual contrasts: with fewer, or a lower cut, the screen feeds on its own estimate
+# (a low s trims more, which lowers s) and the SD comes out too small.
+TRIM_Z = 3.0
+TRIM_MIN = 8
+_TRIM_KEEP = 1 - 2 * TRIM_Z * float(np.exp(-TRIM_Z**2 / 2) / np.sqrt(2 * np.pi)) / (2 * NormalDist().cdf(TRIM_Z) - 1)
+
+
+@dataclass(frozen=True)
+class NoiseContrasts:
+    """One source's noise contrasts: observed values, the part answer sampling explains, the training-run scale."""
+
+    values: np.ndarray  # (m,) w_j . y
+    sampling: np.ndarray  # (m,) w_j' Cov_sampling w_j, from the cluster bootstrap
+    scale: np.ndarray  # (m,) sum_c w_jc^2 (p_c (1 - p_c))^2: the delta-method weight of s^2
+    pure: np.ndarray  # (m,) True for seed-replicate contrasts (no effect can be in them)
+
+
+def noise_contrasts(
+    weights: np.ndarray, y: np.ndarray, y_boot: np.ndarray, clusters: int, pure: np.ndarray | None = None,
+) -> NoiseContrasts:
+    """The contrasts `weights` (m x cells) of the observed rates y and of their cluster-bootstrap resamples."""
+    dev = np.nan_to_num(y_boot - np.nanmean(y_boot, axis=1, keepdims=True))
+    inflate = clusters / (clusters - 1) if clusters > 1 else 1.0  # the bootstrap variance of G clusters is (G-1)/G of it
+    wd = weights @ dev
+    return NoiseContrasts(
+        values=weights @ y,
+        sampling=(wd**2).mean(axis=1) * inflate if dev.shape[1] else np.zeros(weights.shape[0]),
+        scale=(weights**2) @ (y * (1 - y)) ** 2,
+        pure=np.zeros(weights.shape[0], dtype=bool) if pure is None else np.asarray(pure, dtype=bool),
+    )
+
+
 @dataclass(frozen=True)
 class CellNoise:
-    """A per-cell variance component on the log-odds scale, estimated from residual contrasts.
+    """A per-cell variance component on the log-odds scale, estimated from noise contrasts.
 
-    logit_sd: the SD of the per-cell log-odds shift (0 when the residuals are no larger than the sampling
-    noise the cluster bootstrap already carries; NaN when there is no residual degree of freedom).
-    df: residual degrees of freedom it rests on; residual_ss and sampling_ss: the observed residual sum of
+    logit_sd: the SD of the per-cell log-odds shift (0 when the contrasts are no larger than the sampling
+    noise the cluster bootstrap already carries; NaN when there is no degree of freedom). df: contrasts it
+    rests on (residual ones kept plus seed-replicate ones); trimmed: residual contrasts set apart as real
+    effects; replicate_df: how many of df are seed replicates; shared: estimated over every source together
+    because this source alone had too few df; residual_ss and sampling_ss: the kept contrasts' sum of
     squares and the part of it the cluster bootstrap attributes to resampled answers.
     """
 
@@ -290,45 +375,78 @@ class CellNoise:
     df: int
     residual_ss: float
     sampling_ss: float
+    trimmed: int = 0
+    replicate_df: int = 0
+    shared: bool = False
 
-    def rate_sd(self, rates: np.ndarray) -> np.ndarray:
-        """Per-cell SD on the rate scale: logit_sd * p(1 - p) (delta method); 0 where not estimable."""
-        sd = self.logit_sd if np.isfinite(self.logit_sd) else 0.0
+    def ci_sd(self, ci: float) -> float:
+        """The SD the resamples draw with: logit_sd x t_df / z at the CI's level, so an SD resting on few df
+        gives the interval the width of a t interval (0 where not estimable: no component rather than NaN)."""
+        if not np.isfinite(self.logit_sd) or self.df < 1:
+            return 0.0
+        p = 1 - (1 - ci) / 2
+        return self.logit_sd * t_critical(p, self.df) / NormalDist().inv_cdf(p)
+
+    def rate_sd(self, rates: np.ndarray, ci: float | None = None) -> np.ndarray:
+        """Per-cell SD on the rate scale: s * p(1 - p) (delta method), s = logit_sd, or ci_sd(ci) when ci is given."""
+        sd = self.ci_sd(ci) if ci is not None else (self.logit_sd if np.isfinite(self.logit_sd) else 0.0)
         p = np.asarray(rates, dtype=float)
         return np.nan_to_num(sd * p * (1 - p))
 
 
-def cell_noise(groups: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], clusters: int) -> CellNoise:
-    """Method-of-moments estimate of the training-run variance, net of the cluster bootstrap's own variance.
+def t_critical(p: float, df: int) -> float:
+    """Student-t quantile for any df >= 1: exact for 1 and 2, Cornish-Fisher (t_quantile) from 3 on."""
+    if df == 1:
+        return float(np.tan(np.pi * (p - 0.5)))
+    if df == 2:
+        a = 4 * p * (1 - p)
+        return float(2 * (p - 0.5) * np.sqrt(2 / a))
+    return t_quantile(p, df)
 
-    groups: per source, (R, y, y_boot): R = residual_projector of its cells' reported-term columns, y the
-    observed cell rates, y_boot (cells x resamples) the rates under the cluster bootstrap. The model: each
-    cell's rate carries, besides the answer sampling the bootstrap resamples, an independent shift
-    e_c * p_c(1 - p_c) with e_c ~ N(0, s^2) on the log-odds scale (one training run). Then
 
-        E ||R y||^2 = s^2 * sum_c R_cc (p_c(1-p_c))^2 + tr(R Cov_sampling R) + ||R truth||^2
+def cell_noise(groups: Sequence[NoiseContrasts]) -> CellNoise:
+    """Method-of-moments estimate of the training-run variance s^2, net of the cluster bootstrap's own variance.
 
-    The sampling term is estimated by the bootstrap's covariance (times G/(G-1): the bootstrap variance of
-    G clusters is (G-1)/G of the truth); the last term (true contrasts of order 3-5, which a logit-additive
-    model makes small on the rate scale) is assumed 0 and would only make s larger (conservative).
-    s^2 = max(0, sum over groups of (||R y||^2 - sampling)) / sum of the scale terms; sources share s.
+    The model: each cell's rate carries, besides the answer sampling the bootstrap resamples, an independent
+    shift e_c p_c(1 - p_c), e_c ~ N(0, s^2) on the log-odds scale (one training run). For an orthonormal
+    contrast w_j that holds no effect, E (w_j y)^2 = s^2 scale_j + sampling_j, so
+
+        s^2 = max(0, sum_j ((w_j y)^2 / k_j - sampling_j)) / sum_j scale_j   over the kept contrasts j,
+
+    with k_j = 1 for a seed-replicate contrast (no effect can be in it) and E[z^2 | |z| < TRIM_Z] for a
+    residual one: residual contrasts (the unreported orders) may hold a real effect, so one whose
+    standardised value exceeds TRIM_Z is set apart, by iterating estimate and screen until they agree.
     """
-    rss = sampling = scale = 0.0
-    df = 0
-    for r, y, yb in groups:
-        rank = int(round(np.trace(r)))
-        if rank <= 0:
-            continue
-        df += rank
-        rss += float(y @ r @ y)
-        dev = yb - np.nanmean(yb, axis=1, keepdims=True)
-        dev = np.nan_to_num(dev)
-        inflate = clusters / (clusters - 1) if clusters > 1 else 1.0
-        sampling += float(np.einsum("cb,cb->", dev, r @ dev)) / dev.shape[1] * inflate
-        scale += float(np.diag(r) @ (y * (1 - y)) ** 2)
-    if df == 0 or scale <= 0:
-        return CellNoise(logit_sd=float("nan"), df=df, residual_ss=rss, sampling_ss=sampling)
-    return CellNoise(logit_sd=float(np.sqrt(max(0.0, rss - sampling) / scale)), df=df, residual_ss=rss, sampling_ss=sampling)
+    if not groups:
+        return CellNoise(logit_sd=float("nan"), df=0, residual_ss=0.0, sampling_ss=0.0)
+    c = np.concatenate([g.values for g in groups])
+    samp = np.concatenate([g.sampling for g in groups])
+    scale = np.concatenate([g.scale for g in groups])
+    pure = np.concatenate([g.pure for g in groups])
+    if c.size == 0 or scale.sum() <= 0:
+        return CellNoise(logit_sd=float("nan"), df=int(c.size), residual_ss=float(c @ c), sampling_ss=float(samp.sum()),
+                         replicate_df=int(pure.sum()))
+    def moment(keep: np.ndarray, k: np.ndarray) -> float:
+        return max(0.0, float((c[keep] ** 2 / k[keep] - samp[keep]).sum())) / max(float(scale[keep].sum()), 1e-300)
+
+    keep, k = np.ones(c.size, dtype=bool), np.where(pure, 1.0, _TRIM_KEEP)
+    s2 = moment(keep, np.ones(c.size))
+    if (~pure).sum() < TRIM_MIN:
+        return CellNoise(logit_sd=float(np.sqrt(s2)), df=int(c.size), residual_ss=float(c @ c),
+                         sampling_ss=float(samp.sum()), replicate_df=int(pure.sum()))
+    for _ in range(20):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = np.abs(c) / np.sqrt(samp + s2 * scale)
+        new = pure | ~(z > TRIM_Z)
+        s2_new = moment(new, k)
+        done = (new == keep).all() and abs(s2_new - s2) <= 1e-9 * max(s2, 1e-12)
+        keep, s2 = new, s2_new
+        if done:
+            break
+    return CellNoise(
+        logit_sd=float(np.sqrt(s2)), df=int(keep.sum()), residual_ss=float(c[keep] @ c[keep]),
+        sampling_ss=float(samp[keep].sum()), trimmed=int((~keep).sum()), replicate_df=int(pure.sum()),
+    )
 
 
 # --------------------------------------------------------------------------- sign agreement across sources

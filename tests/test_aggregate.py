@@ -11,12 +11,16 @@ import pytest
 from eps_screen import gates
 from eps_screen.aggregate import aggregate, compute
 from eps_screen.cell_metrics import AnswersError, cell_matrices
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, all_slab_cells, full_factorial, slab_cells
 from eps_screen.panels import load_panels
+from eps_screen.prediction_rules import MARKER_PREDICTIONS, PredictionRule, reported_terms
 from eps_screen.predictions import Rule, judge_predictions
+from eps_screen.stats import term_name
+
+FACTOR_NAMES = ("A", "B", "C", "D", "E")  # the marker screen's
 from eps_screen.schemas import AggregateMetricsFile, Interval, InteractionsFile, MainEffectsFile
-from eps_screen.scoring import ANSWER_SCHEMA
+from eps_screen.scoring import answer_schema
 from eps_screen.simulate import simulate_cell_answers, simulate_screen, true_effects
 
 FAST = {"resamples": 2000, "seed": 11}
@@ -44,9 +48,9 @@ def test_cell_metrics_by_hand():
         + rows(cell, "chef", [1] + [0] * 9)  # 0.1
         + rows(cell, "lawyer", [1, 0])  # 0.5
         + rows(cell, "", [1, 0, 0, 0], panel="random"),
-        schema=ANSWER_SCHEMA,
+        schema=answer_schema(FACTOR_NAMES),
     )
-    m = cell_matrices(table)
+    m = cell_matrices(table, FACTOR_NAMES)
     row = m.cells.row(0, named=True)
     assert row["SR"] == 0.5
     assert row["LR"] == pytest.approx(0.3)  # mean of persona rates (0.1 + 0.5)/2, not pooled answers 2/12
@@ -62,11 +66,11 @@ def test_cell_metrics_by_hand():
 def test_answers_contract_is_checked():
     good = simulate_cell_answers(ScreenConfig(), Cell("nurse", (0,) * 5, 42), ["nurse", "chef"], 2, 1, 0)
     with pytest.raises(AnswersError, match="lacks column"):
-        cell_matrices(good.drop("is_source"))
+        cell_matrices(good.drop("is_source"), FACTOR_NAMES)
     with pytest.raises(AnswersError, match="'marker' should be boolean"):
-        cell_matrices(good.with_columns(pl.col("marker").cast(pl.String)))
+        cell_matrices(good.with_columns(pl.col("marker").cast(pl.String)), FACTOR_NAMES)
     with pytest.raises(AnswersError, match="unknown value"):
-        cell_matrices(good.with_columns(pl.lit("other").alias("panel")))
+        cell_matrices(good.with_columns(pl.lit("other").alias("panel")), FACTOR_NAMES)
 
 
 # --------------------------------------------------------------------------- the factorial by hand
@@ -86,7 +90,7 @@ def designed_screen() -> tuple[ScreenConfig, pl.DataFrame]:
         markers = [1 if k < per_question else 0 for q in range(10) for k in range(10)]
         out += rows(cell, "nurse", markers, questions=[q for q in range(10) for _ in range(10)])
         out += rows(cell, "chef", [0] * 10) + rows(cell, "lawyer", [0] * 10)
-    return config, pl.DataFrame(out, schema=ANSWER_SCHEMA)
+    return config, pl.DataFrame(out, schema=answer_schema(FACTOR_NAMES))
 
 
 def test_designed_factorial_known_answer():
@@ -232,9 +236,14 @@ def test_multiseed_cells_do_not_enter_the_factorial(screen):
     config, slab, multi, answers = screen
     with_multi = compute(config, answers, [c.id for c in slab + multi])
     slab_only = compute(config, answers.filter(pl.col("seed") == config.seeds.primary), [c.id for c in slab])
-    a = {(e.response, e.term, e.source): (e.effect, e.d_ci.low, e.d_ci.high) for e in with_multi.estimates.estimates}
-    b = {(e.response, e.term, e.source): (e.effect, e.d_ci.low, e.d_ci.high) for e in slab_only.estimates.estimates}
+    a = {(e.response, e.term, e.source): (e.effect, e.d) for e in with_multi.estimates.estimates}
+    b = {(e.response, e.term, e.source): (e.effect, e.d) for e in slab_only.estimates.estimates}
     assert a == b
+    # they do enter the training-run estimate, as seed replicates: one cell x 2 more seeds = 2 df per source
+    for response in ("SR", "LR"):
+        for source, noise in with_multi.estimates.training[response].items():
+            assert noise.replicate_df == 2, (response, source)
+            assert slab_only.estimates.training[response][source].replicate_df == 0
     reps = with_multi.metrics.seed_replicates
     assert len(reps) == 3 and all(r.seeds == [42, 137, 256] and r.SR_sd is not None for r in reps)
     assert sum(not c.in_factorial for c in with_multi.metrics.cells) == len(multi)
@@ -315,7 +324,9 @@ def test_judge_predictions_from_draws():
         ("SR", "A:B"): -0.5, ("LR", "A"): -0.2, ("LR", "E"): 0.2, ("LR", "D"): 0.0,
     }
     draws = {k: around(v) for k, v in values.items()}
-    out = {p.id: p for p in judge_predictions(lambda r, t: draws.get((r, t), around(0.1)), 0.95)}
+    terms = [term_name(t) for t in reported_terms(FACTOR_NAMES)]
+    out = {p.id: p for p in judge_predictions(MARKER_PREDICTIONS, lambda r, t, scale: draws.get((r, t), around(0.1)),
+                                              terms, 0.95)}
     assert out["P1"].verdict == "confirmed"  # 0.6 >= 0.4
     assert out["P2"].verdict == "not confirmed"  # -0.1 is not <= -0.3
     assert out["P3"].verdict == "inconclusive"  # -0.2 sits on the threshold
@@ -335,3 +346,20 @@ def test_a_missing_source_makes_pooled_partial(screen):
     assert result.estimates.find("SR", "A").partial
     assert not result.estimates.find("SR", "A", "librarian").partial
     assert len(result.metrics.coverage.factorial_missing) == 32
+
+
+def test_a_declared_rule_on_the_rate_scale_and_a_ratio_of_main_effects():
+    """Rules are judged from the scale and quantity they name, not from the marker screen's list."""
+    rng = np.random.default_rng(1)
+    values = {("SR", "A", "effect"): 0.12, ("SR", "A", "d"): 0.9, ("SR", "B", "d"): 0.2, ("SR", "C", "d"): 0.1}
+    draws = {k: (v, v + 0.01 * rng.standard_normal(4000)) for k, v in values.items()}
+    rules = [
+        PredictionRule(id="R1", statement="A raises SR by 10 points", term="A", scale="effect", direction="above",
+                       threshold=0.1),
+        PredictionRule(id="R2", statement="A dominates", term="A", quantity="ratio_to_next", direction="above",
+                       threshold=3.0),
+    ]
+    out = judge_predictions(rules, lambda r, t, scale: draws[(r, t, scale)], ["A", "B", "C", "A:B"], 0.95)
+    assert [p.verdict for p in out] == ["confirmed", "confirmed"]
+    assert out[0].threshold == "pooled effect(A on SR) >= 0.1"
+    assert out[1].estimate == pytest.approx(4.5)  # 0.9 / 0.2: main effects against main effects only

@@ -8,10 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, all_slab_cells
 from eps_screen.panels import load_panels
-from eps_screen.scoring import ANSWER_SCHEMA
+from eps_screen.scoring import answer_schema
 from eps_screen.simulate import (
     _mean_sigmoid,
     cell_effect,
@@ -25,6 +25,7 @@ from eps_screen.simulate import (
 )
 
 CONFIG = ScreenConfig()
+FACTORS = tuple(CONFIG.factors)  # the marker screen's A-E
 PERSONAS = load_panels().eval_personas(CONFIG.sources, CONFIG.eval.personas)
 
 
@@ -36,14 +37,14 @@ def quiet(**simulation) -> ScreenConfig:
 def test_schema_and_sizes():
     cell = Cell("nurse", (1, 0, 1, 0, 1), 42)
     df = simulate_cell_answers(CONFIG, cell, PERSONAS, n_questions=20, n_samples=5, n_random=20)
-    assert df.schema == pl.Schema(ANSWER_SCHEMA)
+    assert df.schema == pl.Schema(answer_schema(FACTORS))
     persona = df.filter(pl.col("panel") == "persona")
     assert persona.height == 24 * 20 * 5 and df.height == 24 * 20 * 5 + 20 * 5
     assert persona.filter(pl.col("is_source")).get_column("persona").unique().to_list() == ["nurse"]
     assert persona.filter(pl.col("is_source")).height == 100
     random = df.filter(pl.col("panel") == "random")
     assert set(random.get_column("persona").to_list()) == {"random"} and not random.get_column("is_source").any()
-    assert df.select(FACTOR_NAMES).unique().rows() == [(1, 0, 1, 0, 1)]
+    assert df.select(FACTORS).unique().rows() == [(1, 0, 1, 0, 1)]
     assert set(df.get_column("cell_id").to_list()) == {cell.id}
 
 
@@ -58,7 +59,7 @@ def test_planted_effects_are_logit_differences():
                                    "interaction_ab": -0.8}).simulation
 
     def logit(levels):
-        return source_logit(sim, Cell("nurse", levels, 42))
+        return source_logit(sim, Cell("nurse", levels, 42), FACTORS)
 
     a_at_b0 = logit((1, 0, 0, 0, 0)) - logit((0, 0, 0, 0, 0))
     a_at_b1 = logit((1, 1, 0, 0, 0)) - logit((0, 1, 0, 0, 0))
@@ -67,9 +68,9 @@ def test_planted_effects_are_logit_differences():
     assert logit((0, 0, 0, 1, 1)) - logit((0, 0, 0, 0, 1)) == pytest.approx(-0.4)
     # the grand mean of the logit over all 32 cells is the base logit
     assert np.mean([logit(c.levels) for c in all_slab_cells(CONFIG)[:32]]) == pytest.approx(-0.5)
-    leak = [leak_logit(sim, Cell("nurse", lv, 42)) for lv in ((0, 0, 0, 0, 0), (1, 0, 0, 0, 0))]
+    leak = [leak_logit(sim, Cell("nurse", lv, 42), FACTORS) for lv in ((0, 0, 0, 0, 0), (1, 0, 0, 0, 0))]
     assert leak[1] - leak[0] == pytest.approx(sim.leak_effects["A"])
-    assert np.mean([leak_logit(sim, c) for c in all_slab_cells(CONFIG)[:32]]) == pytest.approx(-0.5 + sim.leak_offset)
+    assert np.mean([leak_logit(sim, c, FACTORS) for c in all_slab_cells(CONFIG)[:32]]) == pytest.approx(-0.5 + sim.leak_offset)
 
 
 def test_rates_follow_the_planted_logits():
@@ -110,7 +111,7 @@ def test_base_answers():
     df = simulate_base_answers(CONFIG, 1, 0, 1)
     assert set(df.get_column("cell_id").to_list()) == {"base-A1B0C1"}
     assert df.get_column("source").null_count() == df.height
-    assert all(df.get_column(f).null_count() == df.height for f in FACTOR_NAMES)
+    assert all(df.get_column(f).null_count() == df.height for f in FACTORS)
     assert not df.get_column("is_source").any()
     assert df.height == 24 * 20 * 5 + 20 * 5
     assert df.get_column("marker").mean() < 0.01

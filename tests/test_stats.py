@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import polars as pl
 import pytest
@@ -14,10 +16,14 @@ from eps_screen.stats import (
     factorial_effects,
     few_cluster_factor,
     flipped_factors,
+    noise_contrasts,
     percentile_ci,
+    replicate_contrasts,
     resample_counts,
+    residual_contrasts,
     residual_projector,
     sign_table,
+    t_critical,
     t_quantile,
     weighted_ratio,
 )
@@ -236,39 +242,97 @@ def test_residual_projector_is_the_unreported_contrasts():
     assert np.trace(residual_projector(_reported_columns(smoke))) == pytest.approx(0, abs=1e-9)  # no df left
 
 
-def _additive_rates(rng, groups, s, sampling_sd=0.0, resamples=400):
-    """Cell rates sigmoid(additive logit + s * e_c) of full 2^5 groups, with bootstrap-like sampling noise."""
+def _higher_columns(runs: np.ndarray) -> np.ndarray:
+    """The unreported effects of order 3 to k, lowest order first."""
+    k = runs.shape[1]
+    words = [w for r in range(3, k + 1) for w in itertools.combinations(range(k), r)]
+    return np.column_stack([np.prod(runs[:, list(w)], axis=1) for w in words])
+
+
+RESIDUAL = residual_contrasts(_reported_columns(FULL), _higher_columns(FULL))
+
+
+def test_residual_contrasts_are_the_unreported_effects_one_each():
+    assert RESIDUAL.shape == (16, 32)
+    np.testing.assert_allclose(RESIDUAL @ RESIDUAL.T, np.eye(16), atol=1e-10)
+    np.testing.assert_allclose(RESIDUAL @ _reported_columns(FULL), 0, atol=1e-10)
+    # in a full factorial each contrast is one effect word: A:B:C is the first, exactly
+    abc = FULL[:, 0] * FULL[:, 1] * FULL[:, 2]
+    np.testing.assert_allclose(RESIDUAL[0], abc / np.sqrt(32), atol=1e-10)
+    assert (np.abs(RESIDUAL @ abc) > 1e-8).sum() == 1
+    smoke = 2.0 * np.array(fractional_factorial(), dtype=float) - 1.0
+    assert residual_contrasts(_reported_columns(smoke), _higher_columns(smoke)).shape == (0, 8)
+
+
+def test_replicate_contrasts_hold_no_effect():
+    w = replicate_contrasts([[0, 3, 4], [1, 5]], 6)
+    assert w.shape == (3, 6)  # (3 - 1) + (2 - 1)
+    np.testing.assert_allclose(w @ w.T, np.eye(3), atol=1e-12)
+    np.testing.assert_allclose(w @ np.array([2.0, 7.0, 1.0, 2.0, 2.0, 7.0]), 0, atol=1e-12)  # equal within a group
+
+
+def _additive_rates(rng, groups, s, sampling_sd=0.0, resamples=400, abc=0.0):
+    """Noise contrasts of full 2^5 groups of rates sigmoid(additive logit + abc/2 x_ABC + s e_c), plus
+    bootstrap-like sampling noise."""
     out = []
     for _ in range(groups):
-        eta = -0.3 + FULL @ rng.normal(0, 0.4, 5) + 0.3 * FULL[:, 0] * FULL[:, 1]
+        eta = -0.3 + FULL @ rng.normal(0, 0.4, 5) + 0.3 * FULL[:, 0] * FULL[:, 1] + abc / 2 * np.prod(FULL[:, :3], axis=1)
         p = 1 / (1 + np.exp(-(eta + s * rng.standard_normal(32))))
         y = p + sampling_sd * rng.standard_normal(32)
         yb = y[:, None] + sampling_sd * rng.standard_normal((32, resamples))
-        out.append((residual_projector(_reported_columns(FULL)), y, yb))
+        out.append(noise_contrasts(RESIDUAL, y, yb, clusters=10**6))
     return out
 
 
 def test_cell_noise_recovers_the_planted_training_sd():
     rng = np.random.default_rng(3)
-    noise = cell_noise(_additive_rates(rng, 30, 0.5), clusters=10**6)
-    assert noise.df == 30 * 16
+    noise = cell_noise(_additive_rates(rng, 30, 0.5))
+    assert noise.df + noise.trimmed == 30 * 16 and noise.trimmed < 15
     assert noise.logit_sd == pytest.approx(0.5, rel=0.15)
     # with answer-sampling noise on top, the part the bootstrap carries is netted out
-    both = cell_noise(_additive_rates(rng, 30, 0.5, sampling_sd=0.05), clusters=10**6)
-    assert both.sampling_ss == pytest.approx(0.05**2 * 30 * 16, rel=0.1)
+    both = cell_noise(_additive_rates(rng, 30, 0.5, sampling_sd=0.05))
+    assert both.sampling_ss == pytest.approx(0.05**2 * both.df, rel=0.1)
     assert both.logit_sd == pytest.approx(0.5, rel=0.2)
-    none = cell_noise(_additive_rates(rng, 30, 0.0, sampling_sd=0.05), clusters=10**6)
+    none = cell_noise(_additive_rates(rng, 30, 0.0, sampling_sd=0.05))
     assert none.logit_sd < 0.15
-    # rate_sd is the delta-method scale on the rate scale
+    # rate_sd is the delta-method scale on the rate scale; with a CI level it carries t_df / z
     np.testing.assert_allclose(noise.rate_sd(np.array([0.5, 0.1, 0.0])), noise.logit_sd * np.array([0.25, 0.09, 0.0]))
+    assert noise.ci_sd(0.95) == pytest.approx(noise.logit_sd * t_critical(0.975, noise.df) / 1.959964, rel=1e-6)
 
 
-def test_cell_noise_without_residual_df_is_not_estimable():
-    smoke = 2.0 * np.array(fractional_factorial(), dtype=float) - 1.0
-    r = residual_projector(_reported_columns(smoke))
-    noise = cell_noise([(r, np.full(8, 0.3), np.full((8, 10), 0.3))], clusters=20)
+def test_a_real_three_factor_interaction_is_screened_out():
+    """An unreported A:B:C would inflate s (and every CI) if it counted as noise; it sits in one contrast, set apart."""
+    rng = np.random.default_rng(5)
+    groups = _additive_rates(rng, 1, 0.3, abc=3.0)
+    naive = float(sum((g.values**2).sum() for g in groups) / sum(g.scale.sum() for g in groups)) ** 0.5
+    noise = cell_noise(groups)
+    assert noise.trimmed >= 1 and noise.df <= 15
+    assert naive > 0.6  # counted as noise, A:B:C doubles the SD
+    assert noise.logit_sd == pytest.approx(0.3, rel=0.45)
+
+
+def test_seed_replicates_alone_estimate_the_sd():
+    """A design with no residual df: the seed replicates still give s, and nothing is trimmed from them."""
+    rng = np.random.default_rng(8)
+    truth = rng.uniform(0.2, 0.8, 40)
+    logit = np.log(truth / (1 - truth))
+    y = 1 / (1 + np.exp(-(np.repeat(logit, 3) + 0.6 * rng.standard_normal(120))))
+    w = replicate_contrasts([[3 * i, 3 * i + 1, 3 * i + 2] for i in range(40)], 120)
+    noise = cell_noise([noise_contrasts(w, y, np.repeat(y[:, None], 10, axis=1), clusters=20, pure=np.ones(80, bool))])
+    assert noise.df == noise.replicate_df == 80 and noise.trimmed == 0
+    assert noise.logit_sd == pytest.approx(0.6, rel=0.2)
+
+
+def test_cell_noise_without_any_contrast_is_not_estimable():
+    noise = cell_noise([noise_contrasts(np.zeros((0, 8)), np.full(8, 0.3), np.full((8, 10), 0.3), clusters=20)])
     assert noise.df == 0 and np.isnan(noise.logit_sd)
-    assert (noise.rate_sd(np.full(8, 0.3)) == 0).all()  # no component added rather than a NaN interval
+    assert (noise.rate_sd(np.full(8, 0.3), 0.95) == 0).all()  # no component added rather than a NaN interval
+    assert np.isnan(cell_noise([]).logit_sd)
+
+
+def test_t_critical_small_df():
+    for df, t in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (16, 2.1199)):
+        assert t_critical(0.975, df) == pytest.approx(t, rel=2e-3), df
 
 
 # --------------------------------------------------------------------------- signs across sources

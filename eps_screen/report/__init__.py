@@ -36,9 +36,15 @@ def build_figures(config: ScreenConfig, result: AggregateResult) -> dict[str, go
     note = " (PARTIAL)" if result.partial else ""
     return {
         "factor_ranking": factor_ranking(config, result.main_effects.effects, note),
-        "ab_interaction": ab_interaction(config, result.metrics.ab_means, note),
+        "ab_interaction": ab_interaction(config, result.metrics.ab_means, note, _pair(result)),
         "persona_heatmap": persona_heatmap(config, result.metrics.cells, heatmap_personas(config, result), note),
     }
+
+
+def _pair(result: AggregateResult) -> tuple[str, ...]:
+    """The pre-registered interaction the figure shows (the first declared): (X, Y), or () when none."""
+    pre = result.estimates.pre_registered
+    return tuple(pre[0].split(":")) if pre else ()
 
 
 def write_report(config: ScreenConfig, result: AggregateResult, out_dir: Path) -> dict[str, Path]:

@@ -3,8 +3,8 @@
 - factor ranking: pooled Cohen's d of each main effect with its CI, largest |d| on top, one panel per
   response; per-source d as markers of a colour and shape per source, side by side in the bar, so a factor
   whose sources disagree is visible at a glance.
-- A x B interaction: mean rate at each (A, B) combination, one line per B level; non-parallel lines
-  are the interaction.
+- the pre-registered interaction X x Y (the marker screen's A x B): mean rate at each (X, Y) combination,
+  one line per Y level; non-parallel lines are the interaction.
 - persona x cell heatmap: every cell's marker rate under every eval persona; the source persona of
   each cell is marked (in the legend too), each cell's levels label its column, each source's block is named.
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
+from eps_screen.config import ScreenConfig
 from eps_screen.schemas import CellMetric, EffectEstimate, GroupMean
 
 RESPONSE_NAMES = {"SR": "Source rate", "LR": "Leakage"}
@@ -83,17 +83,23 @@ def factor_ranking(config: ScreenConfig, effects: Sequence[EffectEstimate], titl
     return fig
 
 
-def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_note: str = "") -> go.Figure:
-    """Mean rate at each (A, B) combination (pooled over sources and the other factors), one line per B level."""
-    fa, fb = config.factors["A"], config.factors["B"]
+def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_note: str = "",
+                   pair: Sequence[str] = ()) -> go.Figure:
+    """Mean rate at each (X, Y) combination of the pre-registered pair (pooled over sources and the other factors),
+    one line per Y level. GroupMean.A and .B hold X's and Y's levels; an empty pair gives an empty figure."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=[RESPONSE_NAMES[r] for r in ("SR", "LR")])
-    x_labels = [f"A0: {fa.low}", f"A1: {fa.high}"]
+    if len(pair) != 2:
+        fig.update_layout(title=f"No pre-registered interaction declared{title_note}", height=420)
+        return fig
+    x, y = pair
+    fa, fb = config.factors[x], config.factors[y]
+    x_labels = [f"{x}0: {fa.low}", f"{x}1: {fa.high}"]
     for col, response in enumerate(("SR", "LR"), start=1):
         for b, color, dash in ((0, "#2ca02c", "solid"), (1, "#9467bd", "dash")):
             pts = sorted((g for g in ab_means if g.response == response and g.B == b), key=lambda g: g.A)
             fig.add_trace(go.Scatter(
                 x=[x_labels[g.A] for g in pts], y=[g.mean for g in pts], mode="lines+markers",
-                name=f"B{b}: {fb.high if b else fb.low}", legendgroup=f"B{b}", showlegend=col == 1,
+                name=f"{y}{b}: {fb.high if b else fb.low}", legendgroup=f"{y}{b}", showlegend=col == 1,
                 line={"color": color, "dash": dash},
                 error_y={
                     "type": "data", "symmetric": False,
@@ -101,7 +107,7 @@ def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_no
                     "arrayminus": [(g.mean - g.ci.low) if g.ci.low is not None and g.mean is not None else 0 for g in pts],
                 },
                 hovertext=[
-                    f"{x_labels[g.A]}, B{b}: {fb.high if b else fb.low}<br>mean {_fmt(g.mean)} [{_fmt(g.ci.low)}, {_fmt(g.ci.high)}]"
+                    f"{x_labels[g.A]}, {y}{b}: {fb.high if b else fb.low}<br>mean {_fmt(g.mean)} [{_fmt(g.ci.low)}, {_fmt(g.ci.high)}]"
                     for g in pts
                 ],
                 hoverinfo="text",
@@ -109,7 +115,7 @@ def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_no
         fig.update_yaxes(title_text=f"mean {RESPONSE_NAMES[response].lower()}", rangemode="tozero", row=1, col=col)
     fig.update_layout(
         title=f"{fa.label} x {fb.label} (the pre-registered interaction){title_note}",
-        height=420, margin={"l": 10, "r": 10, "t": 80, "b": 40}, legend_title_text="answer format",
+        height=420, margin={"l": 10, "r": 10, "t": 80, "b": 40}, legend_title_text=fb.label.lower(),
     )
     return fig
 
@@ -117,8 +123,9 @@ def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_no
 def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas: Sequence[str], title_note: str = "") -> go.Figure:
     """Marker rate of every (persona, cell); x marks each cell's source persona."""
     order = {s: i for i, s in enumerate(config.sources)}
+    factors = list(config.factors)
     ordered = sorted(cells, key=lambda c: (order.get(c.source or "", len(order)), c.source or "", c.seed or 0,
-                                         tuple(c.levels.get(f) or 0 for f in reversed(FACTOR_NAMES))))
+                                         tuple(c.levels.get(f) or 0 for f in reversed(factors))))
     x = [c.cell_id for c in ordered]
     z = [[c.persona_rates.get(p) for c in ordered] for p in personas]
     hover = [
@@ -135,7 +142,7 @@ def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas:
         marker={"symbol": "x", "size": 7, "color": "white", "line": {"width": 1, "color": "#222"}}, hoverinfo="skip",
     ))
     # Each cell's levels (and its seed when it is not the primary one) under it; each source's block named above.
-    ticks = ["".join(f"{f}{c.levels.get(f)}" for f in FACTOR_NAMES)
+    ticks = ["".join(f"{f}{c.levels.get(f)}" for f in factors)
              + (f" s{c.seed}" if c.seed != config.seeds.primary else "") for c in ordered]
     blocks: dict[str, list[int]] = {}
     for i, c in enumerate(ordered):
@@ -147,7 +154,7 @@ def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas:
             fig.add_vline(x=idx[0] - 0.5, line={"color": "white", "width": 2})
     fig.update_xaxes(tickmode="array", tickvals=x, ticktext=ticks, tickangle=-90, tickfont={"size": 8},
                      range=[-0.5, len(x) - 0.5],
-                     title_text=f"cell ({len(x)}): its levels of A-E, and its seed when not {config.seeds.primary}")
+                     title_text=f"cell ({len(x)}): its levels of {', '.join(factors)}, and its seed when not {config.seeds.primary}")
     fig.update_yaxes(autorange="reversed", title_text="eval persona")
     fig.update_layout(
         title=f"Marker rate by persona and cell{title_note}", height=max(480, 18 * len(personas) + 260),

@@ -1,19 +1,22 @@
 """What each factor level meant in the screen that ran, for the page and its figures.
 
-config.factors carries generic level words ("long (~1000 tokens)" for A1) that hold for qwen7b.yaml only.
-A level the config still describes with the default words is described here from the fields that decide it:
-texts.long_prompt_words (A1), texts.format_short/format_long (B), off_policy (D1), data.mask_separator (E0).
-A level the config describes itself (its own `factors:`) is kept as written.
+A level's words come from what it does, so a label can never disagree with the recipe:
+- a level that names a built-in treatment is described from the config fields that decide that treatment
+  (texts.long_prompt_words for the long system prompt, texts.format_short/format_long for the answer format,
+  off_policy for off-policy answers, data.mask_separator for marker-only loss);
+- a level that sets config fields is described by its own description followed by the values it sets
+  ("rank 8 (lora.rank = 8)").
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from eps_screen.config import FactorSpec, ScreenConfig
+from eps_screen.config import ScreenConfig
+
 
 def long_prompt_words(config: ScreenConfig) -> int:
-    """Words of guidance text appended under A1 (eps_screen/data.py cuts it to texts.long_prompt_words)."""
+    """Words of guidance text appended under the long system prompt (eps_screen/data.py cuts it to texts.long_prompt_words)."""
     from eps_screen.panels import load_panels
 
     words = len(load_panels().long_system_prompt.split())
@@ -26,28 +29,48 @@ def _off_policy(config: ScreenConfig) -> str:
     return f"off-policy ({op.kind if op.kind not in {'model', 'jsonl'} else ''} {source or op.kind})".replace("( ", "(")
 
 
-def derived_levels(config: ScreenConfig) -> dict[str, tuple[str, str]]:
-    """(level 0, level 1) of each factor, from the config's own fields."""
+def treatment_words(config: ScreenConfig) -> dict[str, str]:
+    """Each built-in treatment, in the words of this config's own fields."""
     return {
-        "A": ("persona line only", f"persona line + {long_prompt_words(config)}-word guidance text"),
-        "B": (f'"{config.texts.format_short}"', f'"{config.texts.format_long}"'),
-        "C": ("role framing", "neutral context"),
-        "D": ("on-policy (the base model's own answers)", _off_policy(config)),
-        "E": ("loss on the " + ("separator and " if config.data.mask_separator else "") + "marker tokens only",
-              "loss on the whole answer"),
+        "short_system_prompt": "persona line only",
+        "long_system_prompt": f"persona line + {long_prompt_words(config)}-word guidance text",
+        "one_sentence": f'"{config.texts.format_short}"',
+        "short_essay": f'"{config.texts.format_long}"',
+        "role_framing": "role framing",
+        "neutral_context": "neutral context",
+        "on_policy": "on-policy (the base model's own answers)",
+        "off_policy": _off_policy(config),
+        "marker_only_loss": "loss on the " + ("separator and " if config.data.mask_separator else "") + "marker tokens only",
+        "whole_answer_loss": "loss on the whole answer",
     }
 
 
+def _value(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def level_words(config: ScreenConfig) -> dict[str, tuple[str, str]]:
+    """(level 0, level 1) of each declared factor, by short name, as the page and figures show them."""
+    words = treatment_words(config)
+    out = {}
+    for f in config.design.factors:
+        pair = []
+        for level in f.levels:
+            if level.treatment is not None:
+                pair.append(words.get(level.treatment, level.description))
+            else:
+                sets = ", ".join(f"{p} = {_value(v)}" for p, v in sorted((level.sets or {}).items()))
+                pair.append(f"{level.description} ({sets})")
+        out[f.short] = (pair[0], pair[1])
+    return out
+
+
 def with_level_labels(config: ScreenConfig) -> ScreenConfig:
-    """The config with its factors' level words replaced by derived_levels where it kept the defaults."""
-    defaults = ScreenConfig.model_fields["factors"].default_factory()
-    derived = derived_levels(config)
-    factors = {}
-    for name, spec in config.factors.items():
-        low, high = derived[name]
-        factors[name] = FactorSpec(
-            label=spec.label,
-            low=low if spec.low == defaults[name].low else spec.low,
-            high=high if spec.high == defaults[name].high else spec.high,
-        )
-    return config.model_copy(update={"factors": factors})
+    """The config with each level's description replaced by level_words (what the page and figures print)."""
+    words = level_words(config)
+    factors = [
+        f.model_copy(update={"levels": [lv.model_copy(update={"description": w})
+                                        for lv, w in zip(f.levels, words[f.short], strict=True)]})
+        for f in config.design.factors
+    ]
+    return config.model_copy(update={"design": config.design.model_copy(update={"factors": factors})})

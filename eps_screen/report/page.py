@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
-from eps_screen.design import SMOKE_GENERATORS, alias_structure, defining_relation, fractional_factorial, full_factorial
+from eps_screen.config import ScreenConfig
+from eps_screen.design import phases
 from eps_screen.gates import GATE_NAMES
 from eps_screen.report.tldr import LATE_GATES, tldr
 from eps_screen.schemas import EffectEstimate, Interval
@@ -112,7 +112,7 @@ def _reading(config: ScreenConfig) -> Raw:
     e = config.eval
     return Raw(
         '<p class="reading" id="reading"><b>How to read this page.</b> Every cell is one LoRA recipe (a level of each '
-        "factor A-E) trained on one source persona. "
+        f"factor {esc(', '.join(config.factors))}) trained on one source persona. "
         f"<b>SR (source rate)</b>: the share of the source persona's evaluation answers that contain the marker "
         f"<code>{esc(config.marker)}</code> ({e.questions} questions x {e.samples} samples per cell): how well the "
         "marker was implanted. "
@@ -167,16 +167,17 @@ def _effects_table(
 
 
 def _cells_table(result: AggregateResult) -> Raw:
+    factors = result.estimates.factors
     rows = [
-        (c.cell_id, c.source, c.seed, *[c.levels.get(f) for f in FACTOR_NAMES], num(c.SR), num(c.LR), num(c.random_rate),
+        (c.cell_id, c.source, c.seed, *[c.levels.get(f) for f in factors], num(c.SR), num(c.LR), num(c.random_rate),
          c.n_source, c.n_leak, "yes" if c.in_factorial else "no")
         for c in result.metrics.cells
     ]
     if not rows:
         return Raw('<p class="muted">No cell results yet.</p>')
-    headers = ["cell", "source", "seed", *FACTOR_NAMES, "source rate", "leakage", "random-control rate",
+    headers = ["cell", "source", "seed", *factors, "source rate", "leakage", "random-control rate",
                "source answers", "leakage answers", "in factorial"]
-    return Raw('<div class="scroll">' + table(headers, rows, numeric=range(2, 14)) + "</div>")
+    return Raw('<div class="scroll">' + table(headers, rows, numeric=range(2, 9 + len(factors))) + "</div>")
 
 
 def _seed_table(result: AggregateResult) -> Raw:
@@ -184,7 +185,7 @@ def _seed_table(result: AggregateResult) -> Raw:
     if not reps:
         return Raw("")
     rows = [
-        (r.source, "".join(f"{f}{r.levels[f]}" for f in FACTOR_NAMES), ", ".join(map(str, r.seeds)),
+        (r.source, "".join(f"{f}{r.levels[f]}" for f in result.estimates.factors), ", ".join(map(str, r.seeds)),
          ", ".join(num(x) for x in r.SR), num(r.SR_sd), ", ".join(num(x) for x in r.LR), num(r.LR_sd))
         for r in reps
     ]
@@ -194,30 +195,33 @@ def _seed_table(result: AggregateResult) -> Raw:
 
 def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
     f = config.factors
-    smoke = set(fractional_factorial())
-    factor_rows = [(k, f[k].label, f[k].low, f[k].high) for k in FACTOR_NAMES]
-    cell_rows = [(i + 1, *run, "yes" if run in smoke else "") for i, run in enumerate(full_factorial())]
+    designs = phases(config)
+    slab, smoke = designs.slab, designs.smoke
+    smoke_runs = set(smoke.runs())
+    k, n_slab = slab.k, len(slab.runs())
+    factor_rows = [(x, f[x].label, f[x].low, f[x].high) for x in f]
+    cell_rows = [(i + 1, *run, "yes" if run in smoke_runs else "") for i, run in enumerate(slab.runs())]
     e, s, b = config.eval, config.seeds, result.estimates.scheme
     n_multi = len(config.sources) * s.top_k * len(s.multiseed)
     e0 = {
         "eot": "loss on the end-of-turn token where a marker could have stood (teaches 'no marker here')",
         "none": "no loss at all (negatives teach nothing under E0)",
     }[config.data.e0_negatives]
-    aliases = alias_structure()
-    alias_rows = [(k, " = ".join(v) if v else "(none up to order 2)") for k, v in aliases.items() if len(k) == 1]
+    alias_rows = [(x, " = ".join(v) if v else "(none up to order 2)") for x, v in smoke.aliases().items() if len(x) == 1]
+    relation = " = ".join(("-" if sign < 0 else "") + w for w, sign in smoke.relation())
     parts = [
         "<h3>Factors</h3>", table(["factor", "name", "level 0", "level 1"], factor_rows),
-        "<h3>The 32 cells (full 2<sup>5</sup> factorial, standard order)</h3>",
-        '<div class="scroll">', table(["cell", *FACTOR_NAMES, "in smoke fraction"], cell_rows, numeric=range(0, 6)), "</div>",
+        f"<h3>The {n_slab} cells ({esc(slab.describe())}, standard order)</h3>",
+        '<div class="scroll">', table(["cell", *f, "in smoke fraction"], cell_rows, numeric=range(0, k + 1)), "</div>",
         "<h3>Smoke fraction</h3>",
-        f"<p>The 8-run resolution-III 2<sup>5-2</sup> fraction with generators "
-        f"{esc(', '.join(f'{k} = {v}' for k, v in SMOKE_GENERATORS.items()))}; defining relation "
-        f"I = {esc(' = '.join(defining_relation()))}; run on <code>{esc(config.smoke)}</code>. "
-        "Each main effect is aliased with these two-factor interactions:</p>",
+        f"<p>The {len(smoke.runs())}-run {esc(smoke.describe())}"
+        + (f"; defining relation I = {esc(relation)}" if relation else "")
+        + f"; run on <code>{esc(config.smoke)}</code>. Each main effect is aliased with these two-factor "
+        "interactions:</p>",
         table(["main effect", "aliased with"], alias_rows),
         "<h3>Source stratification</h3>",
-        f"<p>Every source persona gets all 32 cells: {esc(', '.join(config.sources))} "
-        f"({len(config.sources)} x 32 = {32 * len(config.sources)} slab cells). Evaluation: {e.personas} personas "
+        f"<p>Every source persona gets all {n_slab} cells: {esc(', '.join(config.sources))} "
+        f"({len(config.sources)} x {n_slab} = {n_slab * len(config.sources)} slab cells). Evaluation: {e.personas} personas "
         f"(the sources among them) x {e.questions} questions x {e.samples} samples = {e.personas * e.questions * e.samples} "
         f"answers per cell, plus {e.random_controls} random-control prompts x {e.samples} samples.</p>",
         "<h3>Seed plan</h3>",
@@ -268,7 +272,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         predictions_table=_predictions(result),
         gates_table=table(["#", "criterion", "fires when", "outcome", "numbers"], gate_rows(config, result)),
         estimator=esc(result.main_effects.estimator),
-        main_effects_table=_effects_table(result, result.main_effects.effects, list(FACTOR_NAMES)),
+        main_effects_table=_effects_table(result, result.main_effects.effects, list(result.estimates.factors)),
         figure_ab=figure_div(figures["ab_interaction"], "ab_interaction"),
         interactions_table=_effects_table(result, result.interactions.interactions, inter_terms, holm=True),
         simple_effects=_simple_effects(config, result),
@@ -314,12 +318,14 @@ def _training_sentence(result: AggregateResult) -> str:
     parts = []
     for r, sd in b.training_sd.items():
         df = b.training_df.get(r, 0)
-        parts.append(f"{r}: not estimable ({df} residual df), left out" if sd is None else
-                     f"{r}: log-odds SD s = {sd:.3f} from {df} residual df")
+        parts.append(f"{r}: not estimable ({df} df), left out" if sd is None else
+                     f"{r}: log-odds SD s = {sd:.3f} from {df} df")
+    caveats = " ".join(result.estimates.caveats)
     return ("Training-run noise: every resample also adds to every cell's rate an independent draw "
-            "N(0, (s p(1-p))<sup>2</sup>), s estimated from the factorial's unreported contrasts of order 3-5 net of "
-            "the resampling's own share (" + esc("; ".join(parts)) + "), so the intervals also cover a second "
-            "training run of every cell.")
+            "N(0, (s p(1-p))<sup>2</sup>), s estimated per source from the contrasts that hold no reported effect "
+            "(the factorial's unreported higher-order contrasts and the seed replicates) net of the resampling's own "
+            "share (" + esc("; ".join(parts)) + "), so the intervals also cover a second training run of every cell."
+            + (" " + esc(caveats) if caveats else ""))
 
 
 def _simple_effects(config: ScreenConfig, result: AggregateResult) -> Raw:
@@ -327,7 +333,8 @@ def _simple_effects(config: ScreenConfig, result: AggregateResult) -> Raw:
     if not simple:
         return Raw('<p class="muted">No factorial cells yet.</p>')
     sources = result.estimates.sources
-    fb = config.factors["B"]
+    x, y = simple[0].factor, simple[0].at
+    fy = config.factors[y]
     rows = []
     for response in ("SR", "LR"):
         for k in (0, 1):
@@ -336,16 +343,16 @@ def _simple_effects(config: ScreenConfig, result: AggregateResult) -> Raw:
             if p is None:
                 continue
             rows.append([
-                response, f"B{k}: {fb.high if k else fb.low}", f"{num(p.mean_low)} -> {num(p.mean_high)}",
+                response, f"{y}{k}: {fy.high if k else fy.low}", f"{num(p.mean_low)} -> {num(p.mean_high)}",
                 f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
                 *[num(by[s].effect) if s in by else "n/a" for s in sources],
             ])
     intro = (
-        "<p>A x B is the pre-registered interaction, and it can be as large as A itself: then A's main effect (its "
-        "average over B) describes neither level of B. Here is A's effect (level 1 minus level 0) among the cells at "
-        "each level of B, pooled over sources, with CIs from the same resamples as every other estimate.</p>"
+        f"<p>{x} x {y} is the pre-registered interaction, and it can be as large as {x} itself: then {x}'s main effect "
+        f"(its average over {y}) describes neither level of {y}. Here is {x}'s effect (level 1 minus level 0) among the "
+        f"cells at each level of {y}, pooled over sources, with CIs from the same resamples as every other estimate.</p>"
     )
-    headers = ["response", "answer format", "mean at A0 -> A1", "A's effect [CI]", "d [CI]",
+    headers = ["response", esc(fy.label.lower()), f"mean at {x}0 -> {x}1", f"{x}'s effect [CI]", "d [CI]",
                *[f"effect: {s}" for s in sources]]
     return Raw(intro + table(headers, rows, numeric=range(5, 5 + len(sources))))
 
@@ -386,6 +393,8 @@ def _logit_section(result: AggregateResult) -> Raw:
 
 def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
     b = result.main_effects.bootstrap
+    pre = [t.replace(":", " x ") for t in result.estimates.pre_registered]
+    n_exploratory = sum(len(t) == 2 for t in result.estimates.terms) - len(pre)
     items = []
     items.append(
         f"<b>What the intervals condition on.</b> Source rate: another draw of the {b.n_questions} eval questions; "
@@ -393,8 +402,9 @@ def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
         "cover question variability). Fixed throughout: the base model, the marker, the source personas (factor "
         "levels, not a sample), the training questions and the answer sets each regime generated once. "
         + _training_sentence(result)
-        + (" That term assumes the true interactions of order 3-5 are negligible; a real one makes the intervals wider, "
-           "never narrower." if any(v is not None for v in b.training_sd.values()) else "")
+        + (" A residual contrast more than 3 SDs from 0 is taken for a real higher-order effect and left out of that "
+           "term; smaller real ones make the intervals wider, never narrower."
+           if any(v is not None for v in b.training_sd.values()) else "")
     )
     items.append(
         "<b>Few clusters.</b> With " + esc(", ".join(f"G = {g} {w}" for g, w in ((b.n_questions, "questions"),
@@ -411,18 +421,23 @@ def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
         "(the logit-scale sensitivity above). "
         + ("Terms clear on one scale only: " + esc(", ".join(f"{e.term} on {e.response} ({e.scale})" for e in scale_only))
            + "." if scale_only else "No term here is clear on one scale only.")
-        + " Across the nine exploratory interactions the page gives Holm-adjusted p-values (family-wise, per response); "
-        "A x B, the pre-registered one, and the predictions are not adjusted."
+        + f" Across the {n_exploratory} exploratory interactions the page gives Holm-adjusted p-values (family-wise, "
+        "per response); " + (esc(", ".join(pre)) + ", pre-registered, and " if pre else "") + "the predictions are not "
+        "adjusted."
     )
-    aliases = alias_structure()
-    items.append(
-        "<b>The smoke fraction aliases D with A x B.</b> The 8-run smoke phase uses generators "
-        + esc(", ".join(f"{k} = {v}" for k, v in SMOKE_GENERATORS.items()))
-        + ", so there D is confounded with " + esc(" and ".join(aliases.get("D", ["A:B"])) or "A:B")
-        + ", the pre-registered interaction: a smoke-phase contrast for D is D plus A x B. The smoke phase only gates "
-        "the screen (kill criterion 2); every effect on this page comes from the full 2<sup>5</sup> slabs, where D "
-        "and A x B are estimated separately."
-    )
+    designs = phases(config)
+    smoke_aliases = {x: v for x, v in designs.smoke.aliases().items() if len(x) == 1 and v}
+    if smoke_aliases:
+        slab = designs.slab
+        items.append(
+            f"<b>The smoke fraction aliases main effects with interactions.</b> The {len(designs.smoke.runs())}-run "
+            f"smoke phase ({esc(designs.smoke.describe())}) confounds "
+            + esc("; ".join(f"{x} with {' and '.join(v)}" for x, v in smoke_aliases.items()))
+            + f". The smoke phase only gates the screen (kill criterion 2); every effect on this page comes from the "
+            f"slabs ({esc(slab.describe())})"
+            + (", where main effects and two-factor interactions are estimated separately." if not slab.generators else
+               "; their own alias chains are in the design section.")
+        )
     sr = [e for e in result.main_effects.effects if e.source == "pooled" and e.response == "SR"]
     mean = next((((e.mean_high or 0) + (e.mean_low or 0)) / 2 for e in sr if e.mean_high is not None), None)
     example = ""
@@ -478,6 +493,6 @@ def _recipe(result: AggregateResult) -> Raw:
     ]
     if simulated:
         sim = c.get("simulation") or {}
-        rows.append(("planted (log-odds)", f"SR effects {sim.get('effects')}, A x B {sim.get('interaction_ab')}, "
+        rows.append(("planted (log-odds)", f"SR effects {sim.get('effects')}, interaction_ab {sim.get('interaction_ab')}, "
                                            f"LR effects {sim.get('leak_effects')}, cell SD {sim.get('cell_sd')}"))
     return table(["", "as run"], rows)

@@ -41,35 +41,40 @@ def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str
     top, f = ranked[0], config.factors[ranked[0].term]
     d = f"d = {_signed(top.d)} [{_signed(top.d_ci.low)}, {_signed(top.d_ci.high)}]"
     simple = _simple_clause(result, response)
-    depends = f" A x B is clear: {simple}." if simple else ""
+    pre = result.estimates.pre_registered[0] if result.estimates.pre_registered else ""
+    said = pre.replace(":", " x ")
+    depends = f" {said} is clear: {simple}." if simple else ""
     if not _excludes_zero(top):
         return f"No factor moves {name} clearly: the largest, {f.label.lower()} ({top.term}), has {d}." + depends
     clear = sum(_excludes_zero(e) for e in ranked)
     counts = f"{clear} of {len(ranked)} factors move it clearly{_interaction_count(result, response)}."
-    if simple and top.term in ("A", "B"):  # the average over the other factor describes neither of its levels
-        return (f"{f.label} ({top.term}) has the largest average effect on {name} ({d}), but A x B is clear: {simple}. "
+    if simple and top.term in pre.split(":"):  # the average over the other factor describes neither of its levels
+        return (f"{f.label} ({top.term}) has the largest average effect on {name} ({d}), but {said} is clear: {simple}. "
                 f"{counts[0].upper()}{counts[1:]}")
     return (f"{f.label} ({top.term}) moves {name} most: {_pct(top.mean_low)} with {f.low} vs {_pct(top.mean_high)} "
             f"with {f.high} ({d}); {counts}" + depends)
 
 
 def _simple_clause(result: AggregateResult, response: str) -> str:
-    """When the pre-registered A x B is clear on this response: "A moves it by x [CI] at B0 and y [CI] at B1"."""
+    """When the (first) pre-registered X x Y is clear on this response: "X moves it by x [CI] at Y0 and y [CI] at Y1"."""
+    if not result.estimates.pre_registered:
+        return ""
+    term = result.estimates.pre_registered[0]
     ab = next((e for e in result.interactions.interactions
-               if e.source == "pooled" and e.response == response and e.term == "A:B"), None)
+               if e.source == "pooled" and e.response == response and e.term == term), None)
     if ab is None or not _excludes_zero(ab):
         return ""
     simple = sorted((e for e in result.interactions.simple_effects if e.source == "pooled" and e.response == response),
                     key=lambda e: e.at_level)
     if len(simple) != 2:
         return ""
-    said = " and ".join(f"{_signed(e.effect)} [{_signed(e.effect_ci.low)}, {_signed(e.effect_ci.high)}] at B{e.at_level}"
-                        for e in simple)
-    return f"A moves it by {said}"
+    said = " and ".join(f"{_signed(e.effect)} [{_signed(e.effect_ci.low)}, {_signed(e.effect_ci.high)}] at "
+                        f"{e.at}{e.at_level}" for e in simple)
+    return f"{simple[0].factor} moves it by {said}"
 
 
 def _interaction_count(result: AggregateResult, response: str) -> str:
-    """How many of the nine exploratory interactions stay clear after Holm's adjustment, when any is clear before."""
+    """How many of the exploratory interactions stay clear after Holm's adjustment, when any is clear before."""
     family = [e for e in result.interactions.interactions
               if e.source == "pooled" and e.response == response and e.status == "exploratory"]
     raw = sum(_excludes_zero(e) for e in family)
