@@ -198,3 +198,45 @@ def test_qwen7b_size_screen_is_fast():
     cpu_s = time.process_time() - cpu
     assert df.filter(pl.col("panel") == "persona").height == 122 * 2400
     assert cpu_s < 5.0, f"simulating 122 cells took {cpu_s:.1f} s of CPU"
+
+
+# --------------------------------------------------------------------------- a screen of other factors
+
+
+RECIPE = [("A", "lora.rank", 8, 32), ("B", "training.learning_rate", 1e-5, 1e-4), ("C", "training.epochs", 1, 3),
+          ("D", "data.positives", 100, 200), ("E", "lora.alpha", 16, 64), ("F", "eval.temperature", 0.7, 1.0)]
+
+
+def test_a_fractional_six_factor_screen_recovers_its_planted_effects():
+    """A 2^(6-2) (E = ABC, F = BCD, resolution IV) of six fields, effects planted on A, B, D, F and an A x B
+    interaction: every main effect's CI covers the planted value (per source and pooled), and each planted effect
+    is found with its sign."""
+    from eps_screen.aggregate import compute
+
+    factors = [{"short": s, "label": path, "levels": [{"description": f"{path} {lo}", "sets": {path: lo}},
+                                                      {"description": f"{path} {hi}", "sets": {path: hi}}]}
+               for s, path, lo, hi in RECIPE]
+    config = ScreenConfig(
+        design={"factors": factors, "slab": {"generators": ["E=ABC", "F=BCD"]}},
+        bootstrap={"resamples": 2000, "seed": 3},
+        simulation={"effects": {"A": 1.0, "B": -0.8, "D": 0.5, "F": -0.6, "AB": 0.4}, "leak_effects": {"A": -0.6, "F": 0.5},
+                    "interaction_ab": 0.0, "cell_sd": 0.3},
+    )
+    cells = all_slab_cells(config)
+    assert len(cells) == 16 * 3 and cells[0].id == "librarian-A0B0C0D0E0F0-s42"
+    answers = simulate_screen(config, cells, PERSONAS, screen_seed=1)
+    truth = true_effects(config, cells, PERSONAS, config.eval.questions, screen_seed=1)
+    est = compute(config, answers, [c.id for c in cells]).estimates
+    assert est.factors == tuple("ABCDEF") and est.pre_registered == ()  # not the marker screen: nothing by default
+    mains = [e for e in est.estimates if len(e.factors) == 1]
+    assert len(mains) == 6 * 2 * 4
+    missed = [(e.response, e.term, e.source) for e in mains if not e.effect_ci.contains(truth[(e.response, e.source, e.term)]["effect"])]
+    assert not missed
+    for response, planted in (("SR", {"A": 1, "B": -1, "D": 1, "F": -1}), ("LR", {"A": -1, "F": 1})):
+        for term, sign in planted.items():
+            iv = est.find(response, term).effect_ci
+            assert (iv.low > 0) if sign > 0 else (iv.high < 0), (response, term, iv)
+    # resolution IV: A:B is aliased with C:E; their shared contrast carries the planted A x B, and its CI covers it
+    ab = est.find("SR", "A:B")
+    assert ab.effect == est.find("SR", "C:E").effect and ab.effect > 0
+    assert ab.effect_ci.contains(truth[("SR", "pooled", "A:B")]["effect"])
