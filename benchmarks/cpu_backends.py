@@ -48,24 +48,24 @@ def make_adapters(base, config, n: int, root: Path) -> list[str]:
 
 def train_cells(config, base, cells) -> dict:
     """One train_lora per cell on synthetic answers of the cell's prompt condition (the estimate's CPU figure)."""
-    from eps_screen import data
+    from eps_screen import data, design
     from eps_screen.panels import load_panels
     from eps_screen.training import train_lora
 
     panels = load_panels()
     out = {}
     for cell in cells:
-        regime = cell.regime
+        regime = design.regime_of(config, cell)
         reqs = data.regime_requests(config, regime)
         words = panels.long_system_prompt.split()
-        n_words = 30 if regime.B else 12
+        n_words = 30 if design.regime_recipe(config, regime).condition.long_format else 12
         answers = [{"persona": r.persona, "question": r.question, "sample": k, "positive": r.positive,
                     "answer": " ".join(words[(i * 7) % 200 : (i * 7) % 200 + n_words])}
                    for i, r in enumerate(reqs) for k in range(r.samples)]
         examples = data.training_set(config, cell, answers)
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
-            rep = train_lora(base, examples, config, cell.whole_answer_loss, cell.seed, Path(tmp))
+            rep = train_lora(base, examples, config, design.recipe(config, cell).condition.whole_answer_loss, cell.seed, Path(tmp))
             out[cell.id] = {"seconds": time.perf_counter() - t, "tokens": rep.tokens, "epochs": config.training.epochs,
                             "steps": rep.steps, "tokens_per_s": rep.tokens_per_s, "steady_tokens_per_s": rep.steady_tokens_per_s}
     return out
@@ -81,7 +81,7 @@ def main() -> None:
 
     import torch
 
-    from eps_screen import data
+    from eps_screen import data, design
     from eps_screen.config import load_config
     from eps_screen.design import slab_cells
     from eps_screen.generation import GenerationParams
@@ -95,7 +95,7 @@ def main() -> None:
     params = GenerationParams(max_new_tokens=config.eval.max_new_tokens, temperature=config.eval.temperature,
                               top_p=config.eval.top_p, samples=config.eval.samples, seed=config.seeds.primary)
     greedy = GenerationParams(max_new_tokens=config.eval.max_new_tokens, temperature=0.0)
-    jobs_prompts = [[p for *_, p in data.eval_prompts(config, *c.levels[:3])] for c in cells]
+    jobs_prompts = [[p for *_, p in data.eval_prompts(design.recipe(config, c))] for c in cells]
     answers = sum(len(p) for p in jobs_prompts) * params.samples
     result: dict = {"benchmark": "cpu_backends", "date": "2026-11-30", "config": args.config, "cells": len(cells),
                     "answers": answers, "max_new_tokens": params.max_new_tokens, "threads": torch.get_num_threads(),

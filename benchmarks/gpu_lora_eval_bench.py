@@ -90,7 +90,7 @@ def main() -> None:
     if engine_args:
         _add_engine_args(engine_args)
 
-    from eps_screen import data
+    from eps_screen import data, design
     from eps_screen.generation import GenerationParams
     from eps_screen.job import engines
 
@@ -112,7 +112,7 @@ def main() -> None:
         for run in args.runs.split(","):
             cond, path = run.split(":")
             a = int(cond[1])
-            prompts = [p for *_, p in data.eval_prompts(config, a, 0, 0)]
+            prompts = [p for *_, p in data.eval_prompts(design.recipe_at(config, {"A": a}))]
             if path == "warmup":
                 prompts = prompts[:64]
             engine.merge_adapter = path == "merged"
@@ -131,7 +131,7 @@ def main() -> None:
             print(f"{run}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:,.0f} tokens/s", flush=True)
             write(out_dir() / args.name, result)
         engine.merge_adapter = False
-        check = [p for *_, p in data.eval_prompts(config, 0, 0, 0)][:32]
+        check = [p for *_, p in data.eval_prompts(design.recipe_at(config, {}))][:32]
         try:
             base_before = first_token_logprobs(engine, check, None, False)
             lora = first_token_logprobs(engine, check, adapter, False)

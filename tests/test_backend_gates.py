@@ -28,7 +28,7 @@ def phases_0_1(config) -> dict:
     store = ResultStore.for_config(config)
     pre = pipeline.pre_screen(config, store)
     smoke_cells = design.smoke_cells(config)
-    for regime in design.regimes(smoke_cells):
+    for regime in design.regimes(config, smoke_cells):
         pipeline.regime_answers(config, regime, store)
     rates = {c.id: pipeline.run_cell(config, c, store)["source_rate"] for c in smoke_cells}
     return {

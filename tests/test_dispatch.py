@@ -361,18 +361,19 @@ def test_a_client_error_from_the_api_is_not_waited_out(harness, monkeypatch):
 
 
 def test_job_size_keeps_every_gpu_busy_and_groups_regimes():
-    from eps_screen.design import all_slab_cells, group_jobs
+    from eps_screen.design import all_slab_cells, group_jobs, regime_of
 
-    slab = [c.id for c in all_slab_cells(ScreenConfig(name="unit")) if c.source == "librarian"]
+    config = ScreenConfig(name="unit")
+    slab = [c.id for c in all_slab_cells(config) if c.source == "librarian"]
     assert len(slab) == 32
-    jobs = group_jobs(slab, per_job=4, parallel=8)
+    jobs = group_jobs(config, slab, per_job=4, parallel=8)
     assert [len(j) for j in jobs] == [4] * 8 and sorted(c for j in jobs for c in j) == sorted(slab)
     # the two cells of a regime (they differ only in E) always share a job: its answers are generated once
     for job in jobs:
-        regimes = [Cell.parse(c).regime for c in job]
+        regimes = [regime_of(config, Cell.parse(c)) for c in job]
         assert all(regimes.count(r) == 2 for r in regimes)
-    assert [len(j) for j in group_jobs(slab[:10], per_job=8, parallel=8)] == [2] * 5  # never idle GPUs
-    assert [len(j) for j in group_jobs(slab, per_job=1, parallel=8)] == [1] * 32
+    assert [len(j) for j in group_jobs(config, slab[:10], per_job=8, parallel=8)] == [2] * 5  # never idle GPUs
+    assert [len(j) for j in group_jobs(config, slab, per_job=1, parallel=8)] == [1] * 32
 
 
 def test_importing_dispatch_has_no_side_effects():

@@ -66,7 +66,7 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
     # the same grouping as dispatch: pre-screen 1, smoke 8 cells -> 8 jobs (8 GPUs), the smoke source's
     # 24 remaining slab cells -> 8 jobs of 3, two full slabs -> 8 jobs of 4 each, 18 multi-seed cells -> 6 jobs
     def jobs(n: int) -> int:
-        return len(group_jobs([f"s{i:02d}-A0B0C0D0E0-s1" for i in range(n)], 4, 8))
+        return len(group_jobs(config, [f"s{i:02d}-A0B0C0D0E0-s1" for i in range(n)], 4, 8))
 
     assert gpu_jobs(config, 8, 18) == 1 + jobs(8) + jobs(24) + 2 * jobs(32) + jobs(18) == 39
     one_per_job = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 1})})

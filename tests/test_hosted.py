@@ -24,7 +24,7 @@ from tests.test_offpolicy import SMALL
 
 KEY = "sk-test-Zq8-SECRET-never-logged"
 ENV = "EPS_TEST_HOSTED_KEY"
-REGIME = Regime("librarian", 1, 0, 1, 42, off_policy=True)
+REGIME = Regime("librarian", (("A", 1), ("B", 0), ("C", 1)), 42, off_policy=True)
 FAST = {"retry_backoff_s": 0.0, "requests_per_minute": None}
 
 
@@ -151,7 +151,7 @@ def test_the_key_never_reaches_a_log_an_artifact_or_a_repr(tmp_path, monkeypatch
         # A server that quotes the key it got (the fake does on a 401) has it redacted from the error.
         monkeypatch.setenv(ENV, KEY + "-revoked")
         with pytest.raises(HostedError) as err:
-            _run(config, tmp_path, Regime("librarian", 0, 1, 0, 42, off_policy=True))
+            _run(config, tmp_path, Regime("librarian", (("A", 0), ("B", 1), ("C", 0)), 42, off_policy=True))
         assert "HTTP 401" in str(err.value) and "[key]" in str(err.value)
     assert len(api.requests) >= 2
     out = capsys.readouterr()

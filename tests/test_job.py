@@ -37,9 +37,9 @@ def _recording_texts(monkeypatch) -> dict:
     texts: dict = {}
     real = pipeline.answers_table
 
-    def record(cell, prompts, answers, marker):
+    def record(cell, prompts, answers, marker, factors):
         texts.setdefault(cell["cell_id"], []).append(answers)
-        return real(cell, prompts, answers, marker)
+        return real(cell, prompts, answers, marker, factors)
 
     monkeypatch.setattr(pipeline, "answers_table", record)
     return texts

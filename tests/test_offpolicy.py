@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eps_screen import data, pipeline
+from eps_screen import data, design, pipeline
 from eps_screen.design import Regime
 from eps_screen.panels import load_panels
 from eps_screen.store import ResultStore
@@ -39,7 +39,7 @@ def test_jsonl_answers_through_regime_answers(tmp_path):
     config = config.model_copy(update={"off_policy": config.off_policy.model_copy(
         update={"kind": "jsonl", "path": str(_jsonl(tmp_path / "answers.jsonl", config))})})
     store = ResultStore(tmp_path / "store", config.name)
-    regime = Regime("librarian", 1, 1, 0, 42, off_policy=True)
+    regime = Regime("librarian", (("A", 1), ("B", 1), ("C", 0)), 42, off_policy=True)
 
     answers, generated = pipeline.regime_answers(config, regime, store)
     assert generated
@@ -56,7 +56,7 @@ def test_jsonl_answers_through_regime_answers(tmp_path):
     again, generated_again = pipeline.regime_answers(config, regime, store)
     assert again == answers and not generated_again, "stored answers are reused, not regenerated"
 
-    short = pipeline.regime_answers(config, Regime("librarian", 1, 0, 0, 42, off_policy=True), store)[0]
+    short = pipeline.regime_answers(config, Regime("librarian", (("A", 1), ("B", 0), ("C", 0)), 42, off_policy=True), store)[0]
     assert all(a["answer"].startswith("short answer") for a in short)
 
 
@@ -67,8 +67,8 @@ def test_jsonl_missing_key_is_named(tmp_path):
     config = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": str(path)})})
     store = ResultStore(tmp_path / "store", config.name)
     with pytest.raises(KeyError, match="persona='librarian' format='short'"):
-        pipeline.regime_answers(config, Regime("librarian", 0, 0, 0, 42, off_policy=True), store)
-    assert store.regime_answers(config, Regime("librarian", 0, 0, 0, 42, off_policy=True)) is None
+        pipeline.regime_answers(config, Regime("librarian", (("A", 0), ("B", 0), ("C", 0)), 42, off_policy=True), store)
+    assert store.regime_answers(config, Regime("librarian", (("A", 0), ("B", 0), ("C", 0)), 42, off_policy=True)) is None
 
 
 def test_second_model_answers_through_regime_answers(tmp_path):
@@ -79,8 +79,8 @@ def test_second_model_answers_through_regime_answers(tmp_path):
     config = tiny_config(tmp_path / "store", **SMALL)
     assert config.off_policy.kind == "model" and config.off_policy.model == "tiny-alt"
     store = ResultStore(tmp_path / "store", config.name)
-    off = Regime("librarian", 0, 0, 0, 42, off_policy=True)
-    on = Regime("librarian", 0, 0, 0, 42, off_policy=False)
+    off = Regime("librarian", (("A", 0), ("B", 0), ("C", 0)), 42, off_policy=True)
+    on = Regime("librarian", (("A", 0), ("B", 0), ("C", 0)), 42, off_policy=False)
 
     off_answers, _ = pipeline.regime_answers(config, off, store)
     on_answers, _ = pipeline.regime_answers(config, on, store)
@@ -91,7 +91,7 @@ def test_second_model_answers_through_regime_answers(tmp_path):
     # stored answers are that model's answers.
     params = pipeline._train_params(config, off.seed, 1)
     for model, regime, answers in (("tiny-alt", off, off_answers), ("tiny", on, on_answers)):
-        prompts = [data.request_prompt(config, regime, r) for r in data.regime_requests(config, regime)
+        prompts = [data.request_prompt(design.regime_recipe(config, regime), r) for r in data.regime_requests(config, regime)
                    for _ in range(r.samples)]
         direct = TransformersGenerator(load_base(model, "float32"), batch_size=16).generate(prompts, params)
         assert [a["answer"] for a in answers] == [d[0] for d in direct]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from eps_screen import design
 from eps_screen.design import Cell, all_slab_cells
 from tests.conftest import tiny_config
 
@@ -72,7 +73,7 @@ def test_training_answers_are_generated_once_per_regime(tiny_screen):
     """8 on-policy generations per source for the 32 slab cells (not 32), each shared by both E levels."""
     config, _, screen_dir, _ = tiny_screen
     cells = [Cell.parse(p.parent.name) for p in screen_dir.glob("cells/*/*")]
-    regimes = {c.regime for c in cells}
+    regimes = set(design.regimes(config, cells))
     on_policy_primary = {r for r in regimes if not r.off_policy and r.seed == config.seeds.primary}
     assert len(on_policy_primary) == 8 * len(config.sources)
     # The generate calls of this process: one per regime (training answers) + 8 pre-screen conditions.

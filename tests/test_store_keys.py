@@ -3,7 +3,7 @@ politely they were produced (store._SPEED_ONLY)."""
 
 from __future__ import annotations
 
-from eps_screen.design import Cell
+from eps_screen.design import Cell, regime_of
 from eps_screen.store import ResultStore, cell_key, regime_key
 from tests.conftest import qwen7b_config, tiny_config
 
@@ -24,13 +24,13 @@ def test_speed_and_pacing_settings_keep_the_keys():
     ]
     for other in same:
         assert cell_key(other, CELL) == cell_key(base, CELL)
-        assert regime_key(other, CELL.regime) == regime_key(base, CELL.regime)
+        assert regime_key(other, regime_of(other, CELL)) == regime_key(base, regime_of(base, CELL))
 
 
 def test_what_changes_the_answers_changes_the_keys():
     base = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"})
     other_model = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-y"})
-    assert regime_key(other_model, CELL.regime) != regime_key(base, CELL.regime)
+    assert regime_key(other_model, regime_of(other_model, CELL)) != regime_key(base, regime_of(base, CELL))
     assert cell_key(other_model, CELL) != cell_key(base, CELL)
     # merging the adapter into bf16 weights changes the numbers the evaluation sees
     merged = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_merge_adapter": True})
@@ -43,7 +43,7 @@ def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
     from tasks.cells import _regime_cache_key
 
     config = tiny_config(tmp_path)
-    regime = CELL.regime
+    regime = regime_of(config, CELL)
     assert _regime_cache_key(None, {"config": config, "regime": regime}) is None
     ResultStore.for_config(config).save_regime(config, regime, [], {"regime": regime.id})
     assert _regime_cache_key(None, {"config": config, "regime": regime}).endswith(regime_key(config, regime))
