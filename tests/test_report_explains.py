@@ -64,20 +64,25 @@ def test_factor_levels_are_the_configs(tiny_report):
     design = Tables()
     design.feed(page[page.index('<details id="design">'):])
     factors = {row[0]: row[1:] for row in design.tables[0][1:]}
-    assert factors["A"] == ["Long system prompt", "persona line only", "persona line + 40-word guidance text"]
+    assert factors["A"] == [config.factors["A"].label, "persona line only", "persona line + 40-word guidance text"]
     assert factors["B"][1:] == [f'"{config.texts.format_short}"', f'"{config.texts.format_long}"']
     assert factors["D"][2] == f"off-policy ({config.off_policy.model})"
     ab = json.loads((out / "figures" / "ab_interaction.json").read_text())
     assert ab["data"][0]["x"] == ["A0: persona line only", "A1: persona line + 40-word guidance text"]
 
 
-def test_own_factor_words_are_kept(tiny_report):
+def test_a_level_that_sets_fields_shows_the_values_it_sets(tiny_report):
+    """A label cannot disagree with its factor: a level's words end with what it sets."""
     config, *_ = tiny_report
     from eps_screen.report.labels import with_level_labels
 
-    own = {**config.factors, "A": config.factors["A"].model_copy(update={"high": "my long prompt"})}
-    labelled = with_level_labels(config.model_copy(update={"factors": own}))
-    assert labelled.factors["A"].high == "my long prompt" and labelled.factors["A"].low == "persona line only"
+    rank = {"short": "R", "label": "LoRA rank", "levels": [{"description": "small", "sets": {"lora.rank": 8}},
+                                                           {"description": "large", "sets": {"lora.rank": 32}}]}
+    data = config.model_dump(mode="json")
+    data["design"] = {"factors": [*data["design"]["factors"][:2], rank]}
+    labelled = with_level_labels(ScreenConfig.model_validate(data))
+    assert (labelled.factors["R"].low, labelled.factors["R"].high) == ("small (lora.rank = 8)", "large (lora.rank = 32)")
+    assert labelled.factors["A"].low == "persona line only"
 
 
 def test_sr_and_lr_are_defined(tiny_report):
@@ -108,7 +113,7 @@ def test_tldr_is_short_first_person_and_explains_a_fired_late_gate(tiny_report):
     text = tldr(config, result)
     assert text.startswith("I trained 96 LoRA recipes on 3 source personas") and len(text.split()) <= 130
     # A x B is clear here, so A's average over B is not its effect: the TL;DR gives A at B0 and at B1 (issue 12)
-    assert "Long system prompt (A) has the largest average effect on source rate" in text
+    assert f"{config.factors['A'].label} (A) has the largest average effect on source rate" in text
     assert "but A x B is clear: A moves it by" in text and "moves source rate most" not in text
     assert "they do not stop the screen" in page  # what criteria 3 and 4 mean, fired or not
     fired = result.metrics.gates[0].model_copy(update={"number": 3, "name": "sign instability", "fired": True})

@@ -132,9 +132,9 @@ def test_caveats_section(screen):
     config, result, _, page = screen
     body = section(page, "caveats")
     for needle in ("What the intervals condition on", "another draw of the 20 eval questions",
-                   "Training-run noise", "log-odds SD s = ", "48 residual df", "Few clusters", "c = sqrt(G/(G-1))",
-                   "SR 1.096", "Interactions depend on the scale", "rate scale only",
-                   "The smoke fraction aliases D with A x B", "D = AB", "What d means here",
+                   "Training-run noise", "log-odds SD s = ", "SR librarian: log-odds SD s = ", "from 16 df",
+                   "Few clusters", "c = sqrt(G/(G-1))", "SR 1.096", "Interactions depend on the scale", "rate scale only",
+                   "The smoke fraction aliases main effects with interactions", "D with A:B", "What d means here",
                    "Cohen's convention", "non-monotone", "two levels"):
         assert needle in body, needle
 
@@ -142,18 +142,21 @@ def test_caveats_section(screen):
 def test_bootstrap_scheme_is_built_from_the_result(screen):
     _, result, out, page = screen
     main = json.loads((out / "main_effects.json").read_text())
-    assert set(main["bootstrap"]["training_sd"]) == {"SR", "LR"} and main["bootstrap"]["training_df"] == {"SR": 48, "LR": 48}
+    keys = {f"{r} {s}" for r in ("SR", "LR") for s in result.estimates.sources}
+    assert set(main["bootstrap"]["training_sd"]) == keys
+    assert set(main["bootstrap"]["training_df"].values()) <= {15, 16}  # the 16 contrasts of order 3-5, less any trimmed
     design = page[page.index('<details id="design">'):]
     scheme = design[design.index("Bootstrap scheme"):design.index("Loss-mask variant")]
-    assert "Training-run noise" in scheme and "48 residual df" in scheme and "widened about the estimate" in scheme
+    assert "Training-run noise" in scheme and "from 16 df" in scheme and "widened about the estimate" in scheme
     b = result.main_effects.bootstrap
+    sd, df = dict(b.training_sd), dict(b.training_df)
     try:
-        b.training_sd, b.training_df = {"SR": None}, {"SR": 0}
-        assert "SR: not estimable (0 residual df), left out" in _bootstrap_scheme(result)
+        b.training_sd, b.training_df = {"SR librarian": None}, {"SR librarian": 0}
+        assert "SR librarian: not estimable (0 df), left out" in _bootstrap_scheme(result)
         b.training_sd = {}
         assert "No training-run term" in _bootstrap_scheme(result)
     finally:
-        b.training_sd, b.training_df = {"SR": main["bootstrap"]["training_sd"]["SR"], "LR": main["bootstrap"]["training_sd"]["LR"]}, {"SR": 48, "LR": 48}
+        b.training_sd, b.training_df = sd, df
 
 
 def test_recipe_section(screen):

@@ -207,7 +207,8 @@ def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
         "eot": "loss on the end-of-turn token where a marker could have stood (teaches 'no marker here')",
         "none": "no loss at all (negatives teach nothing under E0)",
     }[config.data.e0_negatives]
-    alias_rows = [(x, " = ".join(v) if v else "(none up to order 2)") for x, v in smoke.aliases().items() if len(x) == 1]
+    alias_rows = [(x, " = ".join(":".join(w) for w in v) if v else "(none up to order 2)")
+                  for x, v in smoke.aliases().items() if len(x) == 1]
     relation = " = ".join(("-" if sign < 0 else "") + w for w, sign in smoke.relation())
     parts = [
         "<h3>Factors</h3>", table(["factor", "name", "level 0", "level 1"], factor_rows),
@@ -432,7 +433,7 @@ def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
         items.append(
             f"<b>The smoke fraction aliases main effects with interactions.</b> The {len(designs.smoke.runs())}-run "
             f"smoke phase ({esc(designs.smoke.describe())}) confounds "
-            + esc("; ".join(f"{x} with {' and '.join(v)}" for x, v in smoke_aliases.items()))
+            + esc("; ".join(f"{x} with {' and '.join(':'.join(w) for w in v)}" for x, v in smoke_aliases.items()))
             + f". The smoke phase only gates the screen (kill criterion 2); every effect on this page comes from the "
             f"slabs ({esc(slab.describe())})"
             + (", where main effects and two-factor interactions are estimated separately." if not slab.generators else
