@@ -13,17 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
-from eps_screen.config import FACTOR_NAMES, ScreenConfig
-from eps_screen.design import (
-    SMOKE_GENERATORS,
-    Cell,
-    alias_structure,
-    all_slab_cells,
-    defining_relation,
-    multiseed_cells,
-    pick_top,
-    smoke_cells,
-)
+from eps_screen.config import ScreenConfig
+from eps_screen.design import Cell, Fraction, all_slab_cells, multiseed_cells, phases, pick_top, smoke_cells
 from eps_screen.stats import DesignError, factorial_effects
 
 PHASES = ("smoke", "slab", "multiseed", "all")
@@ -105,35 +96,53 @@ def _cell_rows(cells: Sequence[Cell]) -> list[dict]:
 
 def _cells_text(cells: Sequence[Cell]) -> list[str]:
     width = max((len(c.id) for c in cells), default=4)
-    lines = [f"{'cell':<{width}}  source             seed  " + " ".join(FACTOR_NAMES)]
+    factors = cells[0].factors if cells else ""
+    lines = [f"{'cell':<{width}}  source             seed  " + " ".join(factors)]
     lines += [f"{c.id:<{width}}  {c.source:<18} {c.seed:>4}  " + " ".join(map(str, c.levels)) for c in cells]
     return lines
 
 
+def _fraction_data(frac: Fraction) -> dict:
+    signed = [("-" if sign < 0 else "") + w for w, sign in frac.relation()]
+    return {
+        "design": frac.describe(),
+        "generators": {g.factor: ("-" if g.sign < 0 else "") + g.word for g in frac.generators},
+        "defining_relation": ["I", *signed] if signed else [],
+        "resolution": frac.resolution,
+        "aliases": frac.aliases(),
+        "alias_chains": frac.alias_chains(),
+    }
+
+
+def _fraction_text(frac: Fraction) -> list[str]:
+    """The textbook alias structure: generators, defining relation, resolution, and every alias chain."""
+    if not frac.generators:
+        return ["nothing is aliased: every effect is estimated on its own"]
+    data = _fraction_data(frac)
+    text = ["generators: " + ", ".join(f"{k} = {v}" for k, v in data["generators"].items()),
+            "defining relation: " + " = ".join(data["defining_relation"]) + f" (resolution {frac.describe().rsplit(' ', 1)[-1]})",
+            "alias structure (effects up to two factors):"]
+    unaliased = "(not aliased with any main effect or two-factor interaction)"
+    text += [f"  {k:<3} = {' = '.join(v) if v else unaliased}" for k, v in data["aliases"].items()]
+    text += ["alias chains (every estimable contrast):", *("  " + " = ".join(chain) for chain in data["alias_chains"])]
+    return text
+
+
 def _smoke(config: ScreenConfig) -> tuple[dict, list[str]]:
     cells = smoke_cells(config)
-    relation = defining_relation()
-    aliases = alias_structure()
-    data = {
-        "cells": _cell_rows(cells),
-        "count": len(cells),
-        "generators": dict(SMOKE_GENERATORS),
-        "defining_relation": ["I", *relation],
-        "aliases": aliases,
-    }
-    text = [f"smoke: the 2^(5-2) fraction on {config.smoke}, {len(cells)} cells", *_cells_text(cells), "",
-            "generators: " + ", ".join(f"{k} = {v}" for k, v in SMOKE_GENERATORS.items()),
-            "defining relation: I = " + " = ".join(relation), "alias structure (effects up to two factors):"]
-    unaliased = "(not aliased with any main effect or two-factor interaction)"
-    text += [f"  {k:<3} = {' = '.join(v) if v else unaliased}" for k, v in aliases.items()]
+    frac = phases(config).smoke
+    data = {"cells": _cell_rows(cells), "count": len(cells), **_fraction_data(frac)}
+    text = [f"smoke: the {frac.describe()} on {config.smoke}, {len(cells)} cells", *_cells_text(cells), "",
+            *_fraction_text(frac)]
     return data, text
 
 
 def _slab(config: ScreenConfig) -> tuple[dict, list[str]]:
     cells = all_slab_cells(config)
-    data = {"cells": _cell_rows(cells), "count": len(cells), "sources": list(config.sources)}
-    text = [f"slab: the full 2^5 factorial for each of {len(config.sources)} sources at seed {config.seeds.primary}, "
-            f"{len(cells)} cells", *_cells_text(cells)]
+    frac = phases(config).slab
+    data = {"cells": _cell_rows(cells), "count": len(cells), "sources": list(config.sources), **_fraction_data(frac)}
+    text = [f"slab: the {frac.describe()} for each of {len(config.sources)} sources at seed {config.seeds.primary}, "
+            f"{len(cells)} cells", *_cells_text(cells), "", *_fraction_text(frac)]
     return data, text
 
 

@@ -129,3 +129,21 @@ def test_design_slab_all_and_multiseed():
 def test_design_bad_phase():
     code, text = design_listing(ScreenConfig(), "slabs")
     assert code == 2 and text == "error: --phase 'slabs' is not one of smoke, slab, multiseed, all"
+
+
+def test_design_prints_the_textbook_alias_structure_of_a_2_6_2():
+    """E = ABC, F = BCD: resolution IV, I = ABCE = BCDF = ADEF (Box, Hunter & Hunter, table 6.15)."""
+    factors = [{"short": s, "label": p, "levels": [{"description": "low", "sets": {p: a}}, {"description": "high", "sets": {p: b}}]}
+               for s, p, a, b in (("A", "lora.rank", 8, 32), ("B", "training.learning_rate", 1e-5, 1e-4),
+                                  ("C", "training.epochs", 1, 3), ("D", "data.positives", 100, 200),
+                                  ("E", "lora.alpha", 16, 64), ("F", "eval.temperature", 0.7, 1.0))]
+    config = ScreenConfig(design={"factors": factors, "slab": {"generators": ["E=ABC", "F=BCD"]}})
+    code, text = design_listing(config, "slab")
+    assert code == 0
+    assert "defining relation: I = ABCE = BCDF = ADEF (resolution IV)" in text
+    assert "  A   = (not aliased with any main effect or two-factor interaction)" in text
+    assert "  AB  = CE" in text and "  AD  = EF" in text
+    out = json.loads(design_listing(config, "slab", as_json=True)[1])
+    assert out["count"] == 48 and out["resolution"] == 4
+    assert out["defining_relation"] == ["I", "ABCE", "BCDF", "ADEF"]
+    assert ["A", "BCE", "DEF", "ABCDF"] in out["alias_chains"]
