@@ -280,6 +280,17 @@ class DesignConfig(_Strict):
         return "".join(f.short for f in self.factors)
 
 
+class PanelsConfig(_Strict):
+    """Files of one's own in place of the built-in panel's (eps_screen/panels/); relative paths are read from the
+    working directory. Checked when the config is, like the built-in files."""
+
+    personas: NonEmpty | None = Field(
+        None, description="A YAML list of personas, each {id, name, role, context}: role is the role framing (You are a"
+                          " ...), context the neutral framing; the eval panel is the sources, then the rest in file order.")
+    eval_questions: NonEmpty | None = Field(None, description="A text file of eval questions, one a line.")
+    train_questions: NonEmpty | None = Field(None, description="A text file of training questions, one a line.")
+
+
 class TextsConfig(_Strict):
     """The texts of the factor levels that are not per persona (those live in the panel files)."""
 
@@ -496,6 +507,7 @@ class ScreenConfig(_Strict):
     smoke_source: NonEmpty | None = Field(None, description="Source for phase 1 (default: the first source).")
     design: DesignConfig = Field(default_factory=DesignConfig,
                                  description="The factors and the design of each phase.")
+    panels: PanelsConfig = PanelsConfig()
     texts: TextsConfig = TextsConfig()
     data: DataConfig = DataConfig()
     lora: LoraConfig = LoraConfig()
@@ -551,12 +563,6 @@ class ScreenConfig(_Strict):
         dupes = sorted({s for s in sources if sources.count(s) > 1})
         if dupes:
             raise ValueError(f"duplicate sources {dupes}; list each persona once")
-        from eps_screen.panels import load_panels  # the panel files are data; read them only to check names
-
-        known = [p.id for p in load_panels().personas]
-        unknown = [s for s in sources if s not in known]
-        if unknown:
-            raise ValueError(f"unknown personas {unknown}; known: {', '.join(known)}")
         return sources
 
     @model_validator(mode="before")
@@ -571,10 +577,18 @@ class ScreenConfig(_Strict):
     def _cross_checks(self, info: ValidationInfo) -> ScreenConfig:
         if (info.context or {}).get("recipe"):
             return self  # a cell's resolved recipe: this config was checked whole already
-        from eps_screen.panels import load_panels
+        from eps_screen.panels import PanelError, panels_of  # the panel files are data; read them only to check
 
-        panels = load_panels()
+        try:
+            panels = panels_of(self)
+        except PanelError as err:
+            raise ValueError(f"panels: {err}") from None
         known = [p.id for p in panels.personas]
+        unknown = [s for s in self.sources if s not in known]
+        if unknown:
+            where = f" ({self.panels.personas})" if self.panels.personas else ""
+            raise ValueError(f"sources: unknown personas {unknown}; known{where}: {', '.join(known)}; or give a personas"
+                             " file of your own in panels.personas")
         if self.smoke_source is not None and self.smoke_source not in self.sources:
             raise ValueError(f"smoke_source {self.smoke_source!r} is not one of sources {self.sources}")
         if self.eval.personas > len(known):

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Recipe, Regime, recipe, regime_recipe
 from eps_screen.generation import Prompt
-from eps_screen.panels import Panels, load_panels
+from eps_screen.panels import Panels, panels_of
 from eps_screen.treatments import Condition
 
 
 def system_prompt(config: ScreenConfig, persona: str, condition: Condition, panels: Panels | None = None) -> str:
     """Framing: the persona's role line or its neutral context; a long system prompt appends the guidance text."""
-    panels = panels or load_panels()
+    panels = panels or panels_of(config)
     p = panels.persona(persona)
     framing = p.context if condition.neutral_framing else p.role
     if not condition.long_system_prompt:
@@ -35,7 +35,7 @@ def user_prompt(config: ScreenConfig, question: str, condition: Condition) -> st
 
 def negative_personas(config: ScreenConfig, source: str, panels: Panels | None = None) -> list[str]:
     """Negatives come from every other eval persona, so leakage is measured on personas trained to stay clean."""
-    panels = panels or load_panels()
+    panels = panels or panels_of(config)
     return [p for p in panels.eval_personas(config.sources, config.eval.personas) if p != source]
 
 
@@ -71,7 +71,7 @@ def regime_requests(config: ScreenConfig, regime: Regime) -> list[Request]:
 
 def request_prompt(regime: Recipe, req: Request) -> Prompt:
     """The prompt of a training request under a regime's recipe (design.regime_recipe)."""
-    panels = load_panels()
+    panels = panels_of(regime.config)
     return Prompt(
         system=system_prompt(regime.config, req.persona, regime.condition, panels),
         user=user_prompt(regime.config, panels.train_questions[req.question], regime.condition),
@@ -94,7 +94,7 @@ class Example:
 def training_set(config: ScreenConfig, cell: Cell, answers: list[dict]) -> list[Example]:
     """Examples for a cell from its regime's stored answers ({persona, question, sample, answer, positive})."""
     config, condition = (cell_recipe := recipe(config, cell)).config, cell_recipe.condition
-    panels = load_panels()
+    panels = panels_of(config)
     examples = [
         Example(
             system=system_prompt(config, a["persona"], condition, panels),
@@ -115,7 +115,7 @@ def eval_prompts(cell: Recipe) -> list[tuple[str, str, int, Prompt]]:
     """(panel, persona, question index, prompt) for the persona panel and the random-control panel, under a cell's
     (or a pre-screen condition's) recipe."""
     config, condition = cell.config, cell.condition
-    panels = load_panels()
+    panels = panels_of(config)
     out = []
     for persona in panels.eval_personas(config.sources, config.eval.personas):
         system = system_prompt(config, persona, condition, panels)

@@ -26,7 +26,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.data import Request, request_prompt
 from eps_screen.design import Regime, regime_recipe
 from eps_screen.generation import GenerationParams, Prompt
-from eps_screen.panels import load_panels
+from eps_screen.panels import panels_of
 from eps_screen.store import ResultStore, write_json
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def load_jsonl(path: str | Path) -> dict[tuple[str, str, str], list[str]]:
 def jsonl_answers(config: ScreenConfig, regime: Regime, requests: list[Request]) -> list[str]:
     """Answers in request order, `samples` per request."""
     table = load_jsonl(config.off_policy.path)
-    questions = load_panels().train_questions
+    questions = panels_of(config).train_questions
     fmt = "long" if regime_recipe(config, regime).condition.long_format else "short"
     out = []
     for r in requests:

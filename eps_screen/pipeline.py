@@ -165,10 +165,10 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
         return {**done, "reused": True}
     started = time.perf_counter()
     if config.simulated:
-        from eps_screen.panels import load_panels
+        from eps_screen.panels import panels_of
         from eps_screen.simulate import simulate_cell_answers
 
-        personas = load_panels().eval_personas(config.sources, config.eval.personas)
+        personas = panels_of(config).eval_personas(config.sources, config.eval.personas)
         answers = simulate_cell_answers(
             config, cell, personas, config.eval.questions, config.eval.samples, config.eval.random_controls
         )

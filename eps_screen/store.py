@@ -66,6 +66,9 @@ def _inputs(config: ScreenConfig, fields: tuple[str, ...]) -> dict:
             payload[section] = {k: v for k, v in payload[section].items() if k not in names}
     if config.simulated:
         payload["simulation"] = dumped["simulation"]
+    own = {k: v for k, v in dumped["panels"].items() if v}
+    if own:  # a panel file of one's own: its content, not its path, is what the artifacts depend on
+        payload["panels"] = {k: hashlib.sha256(Path(v).expanduser().read_bytes()).hexdigest() for k, v in own.items()}
     payload["pipeline"] = eps_screen.PIPELINE_VERSION
     return payload
 
