@@ -397,7 +397,7 @@ def regime_recipe(config: ScreenConfig, regime: Regime) -> Recipe:
     return recipe_at(config, regime_levels(config, regime))
 
 
-def _marker_reading(shorts: str, levels: dict[str, int]) -> Condition:
+def _marker_reading(levels: dict[str, int]) -> Condition:
     """The condition a cell id meant before factors were declared: A-E as the marker screen's five."""
     return Condition(**{MARKER_LETTER[f].field: bool(lv) for f, lv in levels.items() if f in MARKER_LETTER})
 
@@ -407,12 +407,7 @@ def key_treatments(config: ScreenConfig, levels: dict[str, int]) -> dict | None:
     marker screen's, already say them (so the marker screen's keys did not change when factors became declared).
     `levels`: the cell's or regime's levels by short name (a regime's answer source as D when D is that factor)."""
     condition = recipe_at(config, levels).condition
-    marker = _marker_reading(config.design.shorts, levels)
-    relevant = [a.field for f in config.design.factors if (a := f.aspect) is not None] + [
-        a.field for a in MARKER_LETTER.values()]
-    if all(getattr(condition, f) == getattr(marker, f) for f in relevant):
-        return None
-    return {f: getattr(condition, f) for f in sorted(set(relevant))}
+    return None if condition == _marker_reading(levels) else dict(sorted(vars(condition).items()))
 
 
 def pre_screen_conditions(config: ScreenConfig) -> list[dict[str, int]]:
@@ -420,11 +415,6 @@ def pre_screen_conditions(config: ScreenConfig) -> list[dict[str, int]]:
     evaluation (the marker screen: A x B x C, 8 conditions), the last changing fastest; other factors at level 0."""
     shorts = "".join(f.short for f in config.design.factors if EVALUATION in f.stages)
     return [dict(zip(shorts, run)) for run in itertools.product((0, 1), repeat=len(shorts))]
-
-
-def stages_of(config: ScreenConfig) -> dict[str, tuple[str, ...]]:
-    """Which stages each factor touches (answers, training, evaluation)."""
-    return {f.short: f.stages for f in config.design.factors}
 
 
 # --- the phases ------------------------------------------------------------------------------------------
