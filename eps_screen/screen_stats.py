@@ -53,6 +53,7 @@ from eps_screen.stats import (
     logistic_fe_clustered,
     noise_contrasts,
     percentile_ci,
+    pooled_df,
     replicate_contrasts,
     resample_counts,
     residual_contrasts,
@@ -211,32 +212,36 @@ def estimate_screen(
             result.training[response] = noise
             # The CIs stretch every resample about the estimate by the few-clusters factor, a correction owed to the
             # cluster part only; the training part gets its own (t_df/z, in ci_sd), so its draws are divided by it.
-            sd = np.zeros(obs_all.shape)
+            # Pooled estimates rest on every source's SD: their draws take t at the sources' pooled df (same normals).
+            df_pool = pooled_df(list(noise.values()))
+            sd, sd_pool = np.zeros(obs_all.shape), np.zeros(obs_all.shape)
             for s, rows in rows_of.items():
                 sd[rows] = noise[s].rate_sd(obs_all[rows], ci) / widen[response]
-            boot_all = boot_all + sd[:, None] * train_rng.standard_normal(boot_all.shape)
+                sd_pool[rows] = noise[s].rate_sd(obs_all[rows], ci, df_pool) / widen[response]
+            z = train_rng.standard_normal(boot_all.shape)
+            boot_all, boot_pool = boot_all + sd[:, None] * z, boot_all + sd_pool[:, None] * z
+        else:
+            boot_pool = boot_all
         per_source: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        to_pool: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}  # per source, from the pooled draws
         counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         ab: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         simple: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        simple_pool: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         for s in sources:
             rows = rows_of[s]
-            hi, lo, n_hi, n_lo = level_mean_matrices(columns[s])
-            y, yb = obs_all[rows], boot_all[rows]
-            m_hi, m_lo, mb_hi, mb_lo = hi @ y, lo @ y, hi @ yb, lo @ yb
-            per_source[s] = {
-                "m_hi": (m_hi, mb_hi),
-                "m_lo": (m_lo, mb_lo),
-                "effect": (m_hi - m_lo, mb_hi - mb_lo),
-                "d": (cohens_d_rates(m_hi, m_lo, n_hi, n_lo), cohens_d_rates(mb_hi, mb_lo, n_hi[:, None], n_lo[:, None])),
-            }
-            counts[s] = (n_hi, n_lo)
+            means = level_mean_matrices(columns[s])
+            y = obs_all[rows]
+            per_source[s] = _term_stats(means, y, boot_all[rows])
+            to_pool[s] = per_source[s] if boot_pool is boot_all else _term_stats(means, y, boot_pool[rows])
+            counts[s] = (means[2], means[3])
             if pair:
-                ab[s] = _ab_group_means(coded[rows][:, pair], y, yb)
-                simple[s] = _simple_effects(coded[rows][:, pair], y, yb)
+                ab[s] = _ab_group_means(coded[rows][:, pair], y, boot_pool[rows])
+                simple[s] = _simple_effects(coded[rows][:, pair], y, boot_all[rows])
+                simple_pool[s] = _simple_effects(coded[rows][:, pair], y, boot_pool[rows])
         pooled = {
-            stat: (_nanmean(np.stack([per_source[s][stat][0] for s in sources])),
-                   _nanmean(np.stack([per_source[s][stat][1] for s in sources])))
+            stat: (_nanmean(np.stack([to_pool[s][stat][0] for s in sources])),
+                   _nanmean(np.stack([to_pool[s][stat][1] for s in sources])))
             for stat in STATS
         } if sources else {}
         if sources:
@@ -250,8 +255,9 @@ def estimate_screen(
             result.estimates.extend(_records(config, result, response, s, stats, counts[s], partial, widen[response]))
         if sources and pair:
             result.ab_means.extend(_ab_records(response, ab, ci, widen[response]))
-            simple[POOLED] = {stat: (_nanmean(np.stack([simple[s][stat][0] for s in sources])),
-                                     _nanmean(np.stack([simple[s][stat][1] for s in sources]))) for stat in SIMPLE_STATS}
+            simple[POOLED] = {stat: (_nanmean(np.stack([simple_pool[s][stat][0] for s in sources])),
+                                     _nanmean(np.stack([simple_pool[s][stat][1] for s in sources])))
+                              for stat in SIMPLE_STATS}
             for s, stats in simple.items():
                 partial = bool(partial_sources) if s == POOLED else s in partial_sources
                 result.simple_effects.extend(
@@ -268,6 +274,18 @@ def estimate_screen(
     if sources:
         result.logit_model, result.logit = logit_sensitivity(config, mats, idx, src, coded, sources, result)
     return result
+
+
+def _term_stats(means: tuple[np.ndarray, ...], y: np.ndarray, yb: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every term's level means, effect and d: (observed, resamples), from level_mean_matrices of its columns."""
+    hi, lo, n_hi, n_lo = means
+    m_hi, m_lo, mb_hi, mb_lo = hi @ y, lo @ y, hi @ yb, lo @ yb
+    return {
+        "m_hi": (m_hi, mb_hi),
+        "m_lo": (m_lo, mb_lo),
+        "effect": (m_hi - m_lo, mb_hi - mb_lo),
+        "d": (cohens_d_rates(m_hi, m_lo, n_hi, n_lo), cohens_d_rates(mb_hi, mb_lo, n_hi[:, None], n_lo[:, None])),
+    }
 
 
 def _pair(factors: tuple[str, ...], pre_registered: tuple[str, ...]) -> list[int]:

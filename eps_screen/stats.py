@@ -379,23 +379,44 @@ class CellNoise:
     replicate_df: int = 0
     shared: bool = False
 
-    def ci_sd(self, ci: float) -> float:
+    def ci_sd(self, ci: float, df: float | None = None) -> float:
         """The SD the resamples draw with: logit_sd x t_df / z at the CI's level, so an SD resting on few df
-        gives the interval the width of a t interval (0 where not estimable: no component rather than NaN)."""
+        gives the interval the width of a t interval (0 where not estimable: no component rather than NaN).
+        df: the degrees of freedom of the estimate the interval rests on, when it is not this one's alone (a
+        pooled interval rests on every source's, pooled_df)."""
         if not np.isfinite(self.logit_sd) or self.df < 1:
             return 0.0
         p = 1 - (1 - ci) / 2
-        return self.logit_sd * t_critical(p, self.df) / NormalDist().inv_cdf(p)
+        return self.logit_sd * t_critical(p, self.df if df is None else df) / NormalDist().inv_cdf(p)
 
-    def rate_sd(self, rates: np.ndarray, ci: float | None = None) -> np.ndarray:
-        """Per-cell SD on the rate scale: s * p(1 - p) (delta method), s = logit_sd, or ci_sd(ci) when ci is given."""
-        sd = self.ci_sd(ci) if ci is not None else (self.logit_sd if np.isfinite(self.logit_sd) else 0.0)
+    def rate_sd(self, rates: np.ndarray, ci: float | None = None, df: float | None = None) -> np.ndarray:
+        """Per-cell SD on the rate scale: s * p(1 - p) (delta method), s = logit_sd, or ci_sd(ci, df) when ci is given."""
+        sd = self.ci_sd(ci, df) if ci is not None else (self.logit_sd if np.isfinite(self.logit_sd) else 0.0)
         p = np.asarray(rates, dtype=float)
         return np.nan_to_num(sd * p * (1 - p))
 
 
-def t_critical(p: float, df: int) -> float:
-    """Student-t quantile for any df >= 1: exact for 1 and 2, Cornish-Fisher (t_quantile) from 3 on."""
+def pooled_df(noises: Sequence[CellNoise]) -> float:
+    """Satterthwaite's df of a mean over sources of their training-run variances (each source's s^2 weighs as it is;
+    sources sharing one estimate count it once): a pooled CI rests on all of them, not on one source's df."""
+    terms: dict[int, tuple[float, int]] = {}
+    for n in noises:
+        if not (np.isfinite(n.logit_sd) and n.df > 0):
+            continue
+        key = id(n) if not n.shared else -1
+        a, df = terms.get(key, (0.0, n.df))
+        terms[key] = (a + n.logit_sd**2, df)
+    total = sum(a for a, _ in terms.values())
+    if not terms or total <= 0:
+        return float(max((df for _, df in terms.values()), default=1))
+    return total**2 / sum(a**2 / df for a, df in terms.values() if a > 0)
+
+
+def t_critical(p: float, df: float) -> float:
+    """Student-t quantile for any df >= 1: exact for 1 and 2, Cornish-Fisher (t_quantile) from 3 on (a fractional
+    df below 3, from Satterthwaite, takes the next whole df down: wider, never narrower)."""
+    if df < 3:
+        df = max(1, int(df))
     if df == 1:
         return float(np.tan(np.pi * (p - 0.5)))
     if df == 2:

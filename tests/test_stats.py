@@ -16,8 +16,10 @@ from eps_screen.stats import (
     factorial_effects,
     few_cluster_factor,
     flipped_factors,
+    CellNoise,
     noise_contrasts,
     percentile_ci,
+    pooled_df,
     replicate_contrasts,
     resample_counts,
     residual_contrasts,
@@ -348,3 +350,12 @@ def test_sign_table_and_flips():
     assert signs["A"] == {"s1": 1, "s2": 1, "s3": 1}
     assert signs["C"]["s2"] == 0 and signs["D"]["s1"] == 0
     assert flipped_factors(signs) == ["B"]  # 0 and NaN agree with any sign
+
+
+def test_pooled_df_adds_independent_sources_and_counts_a_shared_estimate_once():
+    own = [CellNoise(logit_sd=0.5, df=16, residual_ss=0, sampling_ss=0) for _ in range(3)]
+    assert pooled_df(own) == pytest.approx(48)  # equal SDs: the df add up
+    uneven = [CellNoise(logit_sd=sd, df=16, residual_ss=0, sampling_ss=0) for sd in (0.2, 0.5, 0.8)]
+    assert 16 < pooled_df(uneven) < 48  # the noisiest source dominates the pooled variance
+    shared = CellNoise(logit_sd=0.5, df=6, residual_ss=0, sampling_ss=0, shared=True)
+    assert pooled_df([shared, shared, shared]) == pytest.approx(6)
