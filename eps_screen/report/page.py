@@ -22,6 +22,7 @@ from eps_screen.design import phases
 from eps_screen.gates import GATE_NAMES
 from eps_screen.report.tldr import LATE_GATES, tldr
 from eps_screen.schemas import EffectEstimate, Interval
+from eps_screen.screen_stats import declarations
 
 if TYPE_CHECKING:
     from eps_screen.aggregate import AggregateResult
@@ -80,7 +81,7 @@ def gate_rows(config: ScreenConfig, result: AggregateResult) -> list[tuple]:
     rules = {
         1: f"base-model marker rate > {g.contamination}, pooled or under any one prompt condition",
         2: f"smoke source rates all <= {g.smoke_floor} or all >= {g.smoke_ceiling}",
-        3: f">= {g.sign_flips} of 5 main effects flip sign across sources (SR or LR)",
+        3: f">= {g.sign_flips} of {len(config.factors)} main effects flip sign across sources (SR or LR)",
         4: f"every |d| < {g.noise_d}, SR and LR, every source",
         5: f"a GPU job > {g.max_job_hours:g} h, or spend > {g.spend_factor:g} x estimate",
         6: f"RUNNING with no progress for {g.bootstrap_silence_s:g} s",
@@ -395,6 +396,9 @@ def _logit_section(result: AggregateResult) -> Raw:
 def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
     b = result.main_effects.bootstrap
     pre = [t.replace(":", " x ") for t in result.estimates.pre_registered]
+    _, rules = declarations(config)
+    d_rules = [f"{r.term} {dict(above='>=', below='<=', inside='|.| <')[r.direction]} {r.threshold:g}" for r in rules
+               if r.scale == "d" and r.quantity == "value" and r.response != "SR x LR" and r.threshold]
     n_exploratory = sum(len(t) == 2 for t in result.estimates.terms) - len(pre)
     items = []
     items.append(
@@ -451,15 +455,17 @@ def _caveats(config: ScreenConfig, result: AggregateResult) -> Raw:
         "<b>What d means here.</b> d is the effect divided by the standard deviation of the individual 0/1 answers, "
         "sqrt(m(1-m)) pooled over the two levels: an answer-level standardisation, not the spread between cells or "
         "between training runs. It depends on the base rate, so the same d is a different rate difference at "
-        "different rates, and the predictions' thresholds (d >= 0.4, <= -0.3, <= -0.2, |d| < 0.15) and kill "
-        f"criterion 4's noise level ({config.gates.noise_d}) are answer-level effect sizes in Cohen's convention, not "
-        "rate differences." + example
+        "different rates, and " + (f"the predictions' thresholds on d ({esc(', '.join(d_rules))}) and " if d_rules
+                                   else "") +
+        f"kill criterion 4's noise level ({config.gates.noise_d}) are answer-level effect sizes in Cohen's convention, "
+        "not rate differences." + example
     )
-    items.append(
-        "<b>P4's \"non-monotone\" clause cannot be tested.</b> B has two levels, so this screen sees a straight line "
-        "between them; whether implantation falls non-monotonically with answer length needs three or more levels. "
-        "P4 is judged on its direction only."
-    )
+    if any(r.id == "P4" and "non-monotone" in r.statement for r in rules):
+        items.append(
+            "<b>P4's \"non-monotone\" clause cannot be tested.</b> B has two levels, so this screen sees a straight "
+            "line between them; whether implantation falls non-monotonically with answer length needs three or more "
+            "levels. P4 is judged on its direction only."
+        )
     return Raw("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
 
 
