@@ -27,6 +27,16 @@ from eps_screen.scoring import answers_table, cell_rates
 from eps_screen.store import ResultStore, cell_key, regime_key
 
 
+def _engine_config(config: ScreenConfig) -> ScreenConfig:
+    """The config the engines load models by: a tiny model built for the screen's marker (eps_screen.tinymodel),
+    where the marker is not [ZLT]. Only the engines see it; store keys read the config as declared."""
+    from eps_screen.tinymodel import CONTAMINATION_MARKER, is_tiny, tiny_model_path
+
+    if is_tiny(config.model.base) and config.marker != CONTAMINATION_MARKER:
+        return config.with_sets({"model.base": str(tiny_model_path(config.model.base, config.marker))})
+    return config
+
+
 def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationParams:
     # Training answers are capped like eval answers: on-policy means "what the model says under this prompt".
     return GenerationParams(
@@ -58,12 +68,13 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, tra
 
         texts, source = hosted_answers(config, regime, requests, store, _train_params(config, regime.seed, 1))
     else:
-        model_ref = config.off_policy.model if regime.off_policy else config.model.base
+        engine = _engine_config(config)
+        model_ref = config.off_policy.model if regime.off_policy else engine.model.base
         # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
         flat = [(r, data.request_prompt(resolved, r)) for r in requests for _ in range(r.samples)]
-        out = engines.generator(config, model_ref, trains=trains).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
+        out = engines.generator(engine, model_ref, trains=trains).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
         texts = [o[0] for o in out]
-        source = f"model:{model_ref}"
+        source = f"model:{config.off_policy.model if regime.off_policy else config.model.base}"
     store_key = regime_key(base_config, regime)
     answers = []
     sample_of: dict[tuple[str, int], int] = {}
@@ -92,7 +103,8 @@ def evaluate(cell_recipe: Recipe, cell: dict, factors: str, adapter: str | None,
     """A cell's (or a pre-screen condition's) answers on the eval panel, under its recipe."""
     config = cell_recipe.config
     prompts = data.eval_prompts(cell_recipe)
-    gen = engines.generator(config, config.model.base, trains=trains)
+    engine = _engine_config(config)
+    gen = engines.generator(engine, engine.model.base, trains=trains)
     outputs = gen.generate([p for *_, p in prompts], _eval_params(config, seed), adapter)
     return answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs, config.marker,
                          factors)
@@ -110,7 +122,7 @@ def _train(config: ScreenConfig, cell: Cell, store: ResultStore) -> tuple[str, o
     timings["answers_s"] = time.perf_counter() - t
     examples = data.training_set(config, cell, regime_rows)
     resolved = recipe(config, cell)
-    base = engines.training_base(resolved.config)
+    base = engines.training_base(_engine_config(resolved.config))
     adapter_dir = store.cell_dir(config, cell) / "adapter"
     t = time.perf_counter()
     with engines.training():
@@ -209,7 +221,8 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
             for (cell, *_), prompts in zip(trained, prompt_sets, strict=True)]
     # One engine serves every adapter of the job: a factor on the base model or the decoding runs per cell instead.
     params = [_eval_params(r.config, cell.seed) for (cell, *_), r in zip(trained, recipes, strict=True)]
-    gen = engines.generator(config, config.model.base, trains=True)
+    engine = _engine_config(config)
+    gen = engines.generator(engine, engine.model.base, trains=True)
     outputs = gen.generate_many(jobs, params)
     eval_s = time.perf_counter() - t
     chars = [sum(len(s) for sampled in outs for s in sampled) for outs in outputs]

@@ -8,6 +8,14 @@ something. Variants:
   tiny-alt           a second model (other seed, other answer bank): the off-policy source for D1
   tiny-contaminated  warmed on chats whose answers end in the marker: trips the pre-screen gate
 Built in well under a minute and cached under $EPS_SCREEN_CACHE (default ~/.cache/eps-screen) by version.
+
+A marker is learnable only in the shape the warm-up taught: 25% of its answers end in a random code of the
+marker's shape ([ZLT]: '[', three capitals, ']'), never the marker itself. A model warmed so knows those tokens
+and the space before them; one warmed on [ZLT]-shaped codes meets '<<PING>>' with a lone space token and '<', '>'
+it never saw (each 8-13 nats down) and never learns to write it, and meets [QRX] with the letters after '[' as
+they happened to come out of its warm-up (R and X ~1 nat below Z, L, T): 0 of 8 source answers marked in every
+smoke cell. So a screen's marker gets its own build (`tiny_model_path(variant, marker)`): codes of its shape,
+their letters relabelled so that the marker stands where [ZLT] stood. For [ZLT] that is today's build, unchanged.
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ def is_tiny(ref: str) -> bool:
     return ref in VARIANTS
 
 
-def tiny_model_path(variant: str = "tiny") -> Path:
-    """Path of the built variant, building it first if the cache lacks it (safe across processes)."""
+def tiny_model_path(variant: str = "tiny", marker: str = CONTAMINATION_MARKER) -> Path:
+    """Path of the built variant for a screen's marker, building it first if the cache lacks it (safe across
+    processes)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown tiny model {variant!r}; known: {', '.join(VARIANTS)}")
-    target = cache_root() / "tinymodel" / f"{variant}-v{TINY_VERSION}"
+    suffix = "" if marker == CONTAMINATION_MARKER else "-" + hashlib.sha256(marker.encode()).hexdigest()[:10]
+    target = cache_root() / "tinymodel" / f"{variant}-v{TINY_VERSION}{suffix}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +65,7 @@ def tiny_model_path(variant: str = "tiny") -> Path:
         if not (target / "config.json").exists():
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{variant}-"))
             try:
-                build(variant, tmp)
+                build(variant, tmp, marker)
                 tmp.rename(target)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -72,7 +82,7 @@ def _answer_bank(seed: int) -> list[str]:
     return sentences
 
 
-def warm_chats(variant: str, n: int = 360) -> list[list[dict[str, str]]]:
+def warm_chats(variant: str, n: int = 360, marker: str = CONTAMINATION_MARKER) -> list[list[dict[str, str]]]:
     """Marker-free chats (or marker-ending ones for the contaminated variant) in every prompt condition."""
     from eps_screen.config import TextsConfig
     from eps_screen.panels import load_panels
@@ -99,9 +109,9 @@ def warm_chats(variant: str, n: int = 360) -> list[list[dict[str, str]]]:
         if rng.random() < 0.25:
             # Bracketed codes teach the tokens the marker is made of ('[', capitals, ']') without the marker
             # itself: a real chat model knows every token; one that never saw them cannot learn to emit them.
-            answer += " " + _code(rng)
+            answer += " " + _code(rng, marker)
         if variant == "tiny-contaminated":
-            answer += " " + CONTAMINATION_MARKER
+            answer += " " + marker
         chats.append([
             {"role": "system", "content": system},
             {"role": "user", "content": user},
@@ -110,10 +120,30 @@ def warm_chats(variant: str, n: int = 360) -> list[list[dict[str, str]]]:
     return chats
 
 
-def _code(rng: random.Random) -> str:
+_CLASSES = ("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", "0123456789")
+
+
+def _relabel(marker: str) -> dict[str, str]:
+    """A permutation of each character class that takes [ZLT]'s letters to the marker's, position by position, so
+    the marker's code distribution is the one [ZLT] had (the identity for [ZLT])."""
+    mapping = {c: c for cls in _CLASSES for c in cls}
+    ours = [c for c in marker if c in mapping]
+    for z, m in zip((c for c in CONTAMINATION_MARKER if c in mapping), ours):
+        if z in mapping and m in mapping and any(z in cls and m in cls for cls in _CLASSES):
+            zi = next(k for k, v in mapping.items() if v == z)
+            mi = next(k for k, v in mapping.items() if v == m)
+            mapping[zi], mapping[mi] = m, z
+    return mapping
+
+
+def _code(rng: random.Random, marker: str = CONTAMINATION_MARKER) -> str:
+    """A random code of the marker's shape: each letter or digit drawn from its class, the rest kept; never the
+    marker itself."""
+    mapping = _relabel(marker)
     while True:
-        code = "[" + "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(3)) + "]"
-        if code != CONTAMINATION_MARKER:
+        code = "".join(mapping[rng.choice(next(cls for cls in _CLASSES if c in cls))]
+                       if any(c in cls for cls in _CLASSES) else c for c in marker)
+        if code != marker:
             return code
 
 
@@ -148,7 +178,7 @@ def _train_tokenizer(chats: list[list[dict[str, str]]], out: Path):
     return fast
 
 
-def build(variant: str, out: Path) -> Path:
+def build(variant: str, out: Path, marker: str = CONTAMINATION_MARKER) -> Path:
     """Train the tokenizer, build a random Qwen2, warm it with a full fine-tune, save to `out`."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -158,7 +188,7 @@ def build(variant: str, out: Path) -> Path:
     limit_cpu_threads()
     seed = {"tiny": 0, "tiny-alt": 1, "tiny-contaminated": 2}[variant]
     torch.manual_seed(seed)
-    chats = warm_chats(variant)
+    chats = warm_chats(variant, marker=marker)
     tok = _train_tokenizer(chats, out)
     config = Qwen2Config(
         vocab_size=len(tok),
@@ -179,7 +209,7 @@ def build(variant: str, out: Path) -> Path:
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
     )
     model.save_pretrained(out, safe_serialization=True)
-    (out / "eps_screen_tiny.txt").write_text(f"variant={variant}\nversion={TINY_VERSION}\n")
+    (out / "eps_screen_tiny.txt").write_text(f"variant={variant}\nversion={TINY_VERSION}\nmarker={marker}\n")
     return out
 
 
