@@ -38,6 +38,7 @@ from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
 from eps_screen.remote import Remote, default_cache, is_url
+from eps_screen.tinymodel import CONTAMINATION_MARKER, is_tiny
 
 # Config sections that change what a cell's adapter and answers are. Gates, bootstrap, execution, name and
 # store do not, so changing them never recomputes a cell.
@@ -82,7 +83,10 @@ def cell_key(config: ScreenConfig, cell: Cell) -> str:
 
 
 def regime_key(config: ScreenConfig, regime: Regime) -> str:
-    payload = {**_inputs(design.regime_recipe(config, regime).config, _REGIME_INPUTS), "regime": regime.id, "eval": None}
+    resolved = design.regime_recipe(config, regime).config
+    payload = {**_inputs(resolved, _REGIME_INPUTS), "regime": regime.id, "eval": None}
+    if is_tiny(resolved.model.base) and resolved.marker != CONTAMINATION_MARKER:
+        payload["tiny_build"] = resolved.marker  # the tiny model is built for the marker (eps_screen.tinymodel)
     extra = design.key_treatments(config, design.regime_levels(config, regime))
     return _digest(payload if extra is None else {**payload, "treatments": extra})
 
