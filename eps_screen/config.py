@@ -24,8 +24,6 @@ from pydantic import (
 
 from eps_screen.prediction_rules import PredictionRule, check_declarations
 
-FACTOR_NAMES: tuple[str, ...] = ("A", "B", "C", "D", "E")
-
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
 Share = Annotated[float, Field(ge=0.0, le=1.0)]

@@ -480,21 +480,3 @@ def group_jobs(config: ScreenConfig, cell_ids: list[str], per_job: int, parallel
     ordered = sorted(cell_ids, key=lambda c: "" if c == PRE_SCREEN_ID else regime_of(config, Cell.parse(c)).id)
     size = job_size(len(ordered), per_job, parallel)
     return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]
-
-
-# --- the marker screen's smoke fraction, for the callers not yet reading the config's design --------------
-# report/page.py and analysis_cli.py still print these; they move to phases(config).smoke with the report's
-# wiring (issue 22, after the merge), and these three go then.
-SMOKE_GENERATORS: dict[str, str] = {"D": "AB", "E": "AC"}
-
-
-def fractional_factorial(generators: dict[str, str] = SMOKE_GENERATORS) -> list[tuple[int, ...]]:
-    return fraction(MARKER_SHORTS, [f"{g}={w}" for g, w in generators.items()], "generators").runs()
-
-
-def defining_relation(generators: dict[str, str] = SMOKE_GENERATORS) -> list[str]:
-    return [w for w, _ in fraction(MARKER_SHORTS, [f"{g}={w}" for g, w in generators.items()], "generators").relation()]
-
-
-def alias_structure(generators: dict[str, str] = SMOKE_GENERATORS) -> dict[str, list[str]]:
-    return fraction(MARKER_SHORTS, [f"{g}={w}" for g, w in generators.items()], "generators").aliases()

@@ -10,10 +10,8 @@ from eps_screen.config import ScreenConfig
 from eps_screen.design import (
     Cell,
     all_slab_cells,
-    alias_structure,
-    defining_relation,
-    fractional_factorial,
     full_factorial,
+    phases,
     multiseed_cells,
     pick_top,
     regimes,
@@ -44,12 +42,15 @@ TEXTBOOK_ALIASES = {
 }
 
 
+SMOKE = phases(ScreenConfig()).smoke  # the default (marker) screen's smoke fraction, found by the resolution III search
+
+
 def coded(runs):
     return [tuple(2 * x - 1 for x in run) for run in runs]
 
 
 def test_smoke_fraction_is_the_textbook_design():
-    assert coded(fractional_factorial()) == TEXTBOOK_SMOKE
+    assert coded(SMOKE.runs()) == TEXTBOOK_SMOKE
 
 
 def test_smoke_fraction_properties():
@@ -60,11 +61,11 @@ def test_smoke_fraction_properties():
 
 
 def test_defining_relation_and_aliases():
-    assert defining_relation() == ["ABD", "ACE", "BCDE"]
-    assert alias_structure() == TEXTBOOK_ALIASES
+    assert [w for w, _ in SMOKE.relation()] == ["ABD", "ACE", "BCDE"]
+    assert SMOKE.aliases() == TEXTBOOK_ALIASES
     x = np.array(TEXTBOOK_SMOKE)
     col = dict(zip("ABCDE", x.T, strict=True))
-    for word in defining_relation():  # each word of the relation is a column of +1s: that is what I = word means
+    for word, _ in SMOKE.relation():  # each word of the relation is a column of +1s: that is what I = word means
         assert (np.prod([col[f] for f in word], axis=0) == 1).all()
 
 

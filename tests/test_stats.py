@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen.design import fractional_factorial, full_factorial
+from eps_screen.design import fraction, full_factorial
 from eps_screen.stats import (
     DesignError,
     cell_noise,
@@ -85,7 +85,7 @@ def test_replicates_average():
 
 
 def test_regular_fraction_is_accepted_and_aliases_show():
-    runs = fractional_factorial()  # D = AB, E = AC
+    runs = fraction("ABCDE", ["D=AB", "E=AC"], "test").runs()  # D = AB, E = AC
     y = np.arange(8, dtype=float) ** 1.5
     e = factorial_effects(table_from_runs(runs, list("ABCDE"), y), "y")
     assert e.main_effects["D"] == pytest.approx(e.interactions["A:B"])
@@ -240,7 +240,7 @@ def test_residual_projector_is_the_unreported_contrasts():
     np.testing.assert_allclose(r @ _reported_columns(FULL), 0, atol=1e-10)
     abc = FULL[:, 0] * FULL[:, 1] * FULL[:, 2]
     np.testing.assert_allclose(r @ abc, abc, atol=1e-10)  # a three-factor contrast is left whole
-    smoke = 2.0 * np.array(fractional_factorial(), dtype=float) - 1.0
+    smoke = 2.0 * np.array(fraction("ABCDE", ["D=AB", "E=AC"], "test").runs(), dtype=float) - 1.0
     assert np.trace(residual_projector(_reported_columns(smoke))) == pytest.approx(0, abs=1e-9)  # no df left
 
 
@@ -262,7 +262,7 @@ def test_residual_contrasts_are_the_unreported_effects_one_each():
     abc = FULL[:, 0] * FULL[:, 1] * FULL[:, 2]
     np.testing.assert_allclose(RESIDUAL[0], abc / np.sqrt(32), atol=1e-10)
     assert (np.abs(RESIDUAL @ abc) > 1e-8).sum() == 1
-    smoke = 2.0 * np.array(fractional_factorial(), dtype=float) - 1.0
+    smoke = 2.0 * np.array(fraction("ABCDE", ["D=AB", "E=AC"], "test").runs(), dtype=float) - 1.0
     assert residual_contrasts(_reported_columns(smoke), _higher_columns(smoke)).shape == (0, 8)
 
 
