@@ -271,8 +271,7 @@ def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -
             from eps_screen.simulate import simulate_base_answers
 
             # named as the real pre-screen names its conditions, whatever factors the screen declares
-            frames.append(simulate_base_answers(config, *(levels.get(f, 0) for f in "ABC"))
-                          .with_columns(pl.lit(base_cell["cell_id"]).alias("cell_id")))
+            frames.append(simulate_base_answers(config, levels))
         else:
             frames.append(evaluate(recipe_at(config, levels), base_cell, shorts, None, config.seeds.primary,
                                    trains=trains))

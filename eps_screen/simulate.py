@@ -183,14 +183,15 @@ def simulate_cell_answers(
 
 
 def simulate_base_answers(
-    config: ScreenConfig, a: int = 0, b: int = 0, c: int = 0, *, personas: list[str] | None = None,
+    config: ScreenConfig, condition: dict[str, int] | None = None, *, personas: list[str] | None = None,
     n_questions: int | None = None, n_samples: int | None = None, n_random: int | None = None,
     screen_seed: int = 0, base_rate: float = 0.001,
 ) -> pl.DataFrame:
-    """The pre-screen under prompt condition (A, B, C): the base model, no adapter, marker rate near `base_rate`.
+    """The pre-screen under one condition (levels of the factors that touch evaluation, e.g. {A: 1, B: 0, C: 1}):
+    the base model, no adapter, marker rate near `base_rate`.
 
-    cell_id 'base-A{a}B{b}C{c}' (as the pipeline names the conditions), source and factor columns null,
-    is_source False (no persona was trained on). The screen's question and persona effects apply around
+    cell_id 'base-A1B0C1' (as the pipeline names the conditions; 'base' for none), source and factor columns
+    null, is_source False (no persona was trained on). The screen's question and persona effects apply around
     logit(base_rate); the panel sizes default to config.eval.
     """
     sim, e = config.simulation, config.eval
@@ -203,7 +204,8 @@ def simulate_base_answers(
     v = persona_effects(sim, personas, screen_seed)
     p_persona = _sigmoid(base + v[:, None] + u[None, :])
     p_random = _sigmoid(base + control_effects(sim, n_random, screen_seed))
-    cell_id = f"base-A{a}B{b}C{c}"
+    code = "".join(f"{f}{lv}" for f, lv in (condition or {}).items())
+    cell_id = f"base-{code}" if code else "base"
     rng = np.random.default_rng([screen_seed, _BASE, _key(cell_id)])
     levels: dict[str, int | None] = {f: None for f in declared_factors(config)}
     return _answers(cell_id, None, config.seeds.primary, levels, personas, p_persona, p_random, n_samples, rng)

@@ -108,14 +108,14 @@ def test_random_effects_shared_across_cells_and_draws_reproducible():
 
 
 def test_base_answers():
-    df = simulate_base_answers(CONFIG, 1, 0, 1)
+    df = simulate_base_answers(CONFIG, {"A": 1, "B": 0, "C": 1})
     assert set(df.get_column("cell_id").to_list()) == {"base-A1B0C1"}
     assert df.get_column("source").null_count() == df.height
     assert all(df.get_column(f).null_count() == df.height for f in FACTORS)
     assert not df.get_column("is_source").any()
     assert df.height == 24 * 20 * 5 + 20 * 5
     assert df.get_column("marker").mean() < 0.01
-    assert not simulate_base_answers(CONFIG, 0, 0, 0).equals(df)
+    assert not simulate_base_answers(CONFIG, {"A": 0, "B": 0, "C": 0}).equals(df)
 
 
 def test_expected_rates_quadrature():
