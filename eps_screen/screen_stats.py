@@ -15,7 +15,7 @@ the same personas: the question and persona effects they share then move togethe
 they do between real screens, and the effects (differences between cells) get honest CIs.
 Training-run noise (config.bootstrap.training_noise): each cell is one trained adapter, and a second
 training run would give other rates. That variance is estimated per response and per source
-(stats.cell_noise) from the contrasts that hold no reported effect: the residual contrasts of the
+(training_noise.cell_noise) from the contrasts that hold no reported effect: the residual contrasts of the
 factorial model with the reported terms (in the full 2^5: the 16 unreported contrasts of order 3-5; a
 real high-order effect among them is screened out) and the seed replicates of the multi-seed phase,
 net of the part the cluster bootstrap already carries. A source with fewer than MIN_SOURCE_DF such
@@ -43,23 +43,25 @@ from eps_screen.config import ScreenConfig
 from eps_screen.prediction_rules import declared, reported_terms
 from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval, LogitEffect, SimpleEffect
 from eps_screen.stats import (
-    CellNoise,
     bootstrap_p,
-    cell_noise,
     cohens_d_rates,
     few_cluster_factor,
     holm,
     level_mean_matrices,
     logistic_fe_clustered,
-    noise_contrasts,
     percentile_ci,
-    pooled_df,
-    replicate_contrasts,
     resample_counts,
-    residual_contrasts,
     term_columns,
     term_name,
     weighted_ratio,
+)
+from eps_screen.training_noise import (
+    CellNoise,
+    cell_noise,
+    noise_contrasts,
+    pooled_df,
+    replicate_contrasts,
+    residual_contrasts,
 )
 
 POOLED = "pooled"

@@ -11,23 +11,25 @@ import pytest
 from eps_screen.design import fraction, full_factorial
 from eps_screen.stats import (
     DesignError,
-    cell_noise,
     cohens_d_rates,
     factorial_effects,
     few_cluster_factor,
     flipped_factors,
-    CellNoise,
-    noise_contrasts,
     percentile_ci,
-    pooled_df,
-    replicate_contrasts,
     resample_counts,
-    residual_contrasts,
-    residual_projector,
     sign_table,
     t_critical,
     t_quantile,
     weighted_ratio,
+)
+from eps_screen.training_noise import (
+    CellNoise,
+    cell_noise,
+    noise_contrasts,
+    pooled_df,
+    replicate_contrasts,
+    residual_contrasts,
+    residual_projector,
 )
 
 

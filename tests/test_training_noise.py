@@ -1,4 +1,4 @@
-"""The CIs' training-run component (screen_stats + stats.cell_noise) on simulated screens."""
+"""The CIs' training-run component (screen_stats + training_noise) on simulated screens."""
 
 from __future__ import annotations
 
