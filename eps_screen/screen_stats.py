@@ -1,9 +1,12 @@
-"""The screen's estimates: main effects, the 10 two-factor interactions and Cohen's d on SR and LR,
-per source and pooled, each with a clustered-bootstrap CI.
+"""The screen's estimates: main effects, every two-factor interaction and Cohen's d on SR and LR, per
+source and pooled, each with a clustered-bootstrap CI. The terms are those of the declared factors
+(config.design.factors, named by their letters: "A", "A:B"); which interactions are pre-registered comes
+from config.design (prediction_rules.declared), the others are exploratory and Holm-adjusted.
 
-Which cells: the primary-seed cells of each source (the balanced 2^5 slab). Extra seeds of the
-multi-seed phase re-run a few chosen cells; mixing them in would weight those cells twice and unbalance
-the design, so they are summarised separately (aggregate.seed_replicates).
+Which cells: the primary-seed cells of each source (the balanced slab: the marker screen's 2^5, or the
+declared full or fractional design). Extra seeds of the multi-seed phase re-run a few chosen cells;
+mixing them in would weight those cells twice and unbalance the design, so they are summarised
+separately (aggregate.seed_replicates) and enter only the training-run estimate, as seed replicates.
 
 The bootstrap (one set of resamples for the whole screen, drawn from config.bootstrap.seed):
 - SR: the eval questions are resampled (with replacement, as many as there are); every cell's source
@@ -22,7 +25,7 @@ net of the part the cluster bootstrap already carries. A source with fewer than 
 contrasts uses the estimate over every source together; with none at all the CIs omit training noise,
 and `caveats` says so in a sentence for the page. Every resample adds an independent draw of it to every
 cell's rate (N(0, (s * p(1-p))^2), s on the log-odds scale, times t_df/z so that an s resting on few df
-gives t-width intervals). So effects, d's, pooled values, the pre-registered interaction's means and
+gives t-width intervals; pooled values take t at the sources' pooled df). So effects, d's, pooled values, the pre-registered interaction's means and
 predictions all carry question/persona sampling and training-run noise together.
 Every statistic is computed on every resample. CIs are percentile intervals widened about the estimate
 by the few-clusters factor c = sqrt(G/(G-1)) * t_{G-1}/z (stats.few_cluster_factor; G = 20 questions
@@ -356,8 +359,8 @@ def _training_note(noise: dict[str, CellNoise] | None) -> str:
             parts.append(f"{s} not estimable (no noise contrast), left out")
         else:
             how = ("over all sources" if n.shared
-                   else f"{n.df - n.replicate_df} residual + {n.replicate_df} seed-replicate df")
-            parts.append(f"{s} log-odds SD {n.logit_sd:.3f} ({n.df} df, {how})")
+                   else f"{n.df - n.replicate_df} residual, {n.replicate_df} seed-replicate")
+            parts.append(f"{s} log-odds SD {n.logit_sd:.3f} ({n.df} df: {how})")
     return "; plus per-cell training-run noise: " + ", ".join(parts)
 
 
