@@ -20,10 +20,12 @@ from pathlib import Path
 
 import yaml
 
+from flows.runtime import names
+
 REPO = Path(__file__).resolve().parent.parent
 POOLS_DIR = REPO / "deployments" / "pools"
 PREFECT_FILE = REPO / "deployments" / "prefect.yaml"
-AGGREGATE = "aggregate-all/aggregate"
+AGGREGATE = names.AGGREGATE.full_name
 
 
 @dataclass

@@ -21,11 +21,11 @@ from urllib.parse import urlparse
 
 from eps_screen.config import ConfigError, ScreenConfig, load_config
 from eps_screen.store import ResultStore
+from flows.runtime.names import AGGREGATE, CELL_DEPLOYMENTS, CPU_POOL, POOL_TYPES, PRESET, RUNPOD_POOL, SCREEN
 
-POOL_TYPES = {"local-gpu": "process", "runpod-gpu": "runpod"}
-UI_POOL = "cpu"
+UI_POOL = CPU_POOL
 # Deployments a run started from the UI (or with --submit) needs; deployments/prefect.yaml defines them.
-UI_DEPLOYMENTS = (("screen", "screen/screen"), ("preset", "screen/preset"), ("aggregate", "aggregate-all/aggregate"))
+UI_DEPLOYMENTS = tuple((d.name, d.full_name) for d in (SCREEN, PRESET, AGGREGATE))
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
 
 
@@ -81,7 +81,7 @@ class Doctor:
                 pass
         except OSError as err:
             raise OSError(f"{store.dir} is not writable ({err.strerror or type(err).__name__} at {probe_dir})") from None
-        if cfg.execution.pool == "runpod-gpu":
+        if cfg.execution.pool == RUNPOD_POOL:
             raise ValueError(f"{store.dir} is a local directory: RunPod pods write their cells to their own disk, "
                              "so this screen would never see them; set store to a URL both reach (s3://bucket/prefix)")
         return f"{store.dir} is writable"
@@ -123,10 +123,8 @@ class Doctor:
         from prefect.client.orchestration import get_client
         from prefect.exceptions import ObjectNotFound
 
-        from flows.screen import DEPLOYMENTS
-
         cfg = self._need_pool()
-        name = DEPLOYMENTS[cfg.execution.pool]
+        name = CELL_DEPLOYMENTS[cfg.execution.pool]
         with get_client(sync_client=True) as client:
             try:
                 self.deployment = client.read_deployment_by_name(name)
@@ -139,7 +137,7 @@ class Doctor:
 
     def check_credentials(self) -> str:
         cfg = self._need_config()
-        if cfg.execution.pool != "runpod-gpu":
+        if cfg.execution.pool != RUNPOD_POOL:
             return f"pool {cfg.execution.pool} needs none"
         if self.pool is None:
             raise Skip("no pool")

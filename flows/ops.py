@@ -24,9 +24,10 @@ from eps_screen.plan import make_plan, phase_cells
 from eps_screen.presets import screen_name
 from eps_screen.remote import is_url
 from eps_screen.store import ResultStore, local_dir, read_screen, screen_names
+from flows.runtime.names import SCREEN
 
 REPO = Path(__file__).resolve().parent.parent
-SCREEN_DEPLOYMENT = "screen/screen"
+SCREEN_DEPLOYMENT = SCREEN.full_name
 _RUNNING = {"RUNNING", "PENDING", "CANCELLING"}
 _QUEUED = {"SCHEDULED", "PAUSED"}
 

@@ -31,10 +31,9 @@ from eps_screen.provenance import provenance
 from eps_screen.store import ResultStore
 from flows.aggregate import aggregate, publish
 from flows.ops import record_owner
+from flows.runtime.names import CELL_DEPLOYMENTS
 from tasks.cells import artifact_key, cell_summary, cell_task, pre_screen_task, regime_task
 from tasks.gates import contamination_gate, cost_gate, judged_gate, smoke_gate
-
-DEPLOYMENTS = {"local-gpu": "cell/cell-local-gpu", "runpod-gpu": "cell/cell-runpod"}
 
 
 class Progress:
@@ -147,7 +146,7 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
         raise Stopped(Failed(message="; ".join(plan.problems)))
     budget = plan.estimate.get("cost_usd")
     try:
-        return dispatch_cells(config, ids, DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
+        return dispatch_cells(config, ids, CELL_DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
     except CostOverrun as stop:
         numbers = {"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)}
         _gate(cost_gate(quote(config), str(stop), numbers, return_state=True))

@@ -23,12 +23,12 @@ PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 # --- the deployment files ------------------------------------------------------------------------------------------
 def test_prefect_yaml_names_what_the_screen_dispatches_to():
     from flows.deploy import pool_specs, pools_of_deployments
-    from flows.screen import DEPLOYMENTS
+    from flows.runtime.names import CELL_DEPLOYMENTS
 
     spec = yaml.safe_load(PREFECT_FILE.read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     flows = {d["name"]: d["entrypoint"] for d in spec["deployments"]}
-    for pool, target in DEPLOYMENTS.items():  # "cell/cell-local-gpu" on pool local-gpu, ...
+    for pool, target in CELL_DEPLOYMENTS.items():  # "cell/cell-local-gpu" on pool local-gpu, ...
         flow, name = target.split("/")
         assert flows[name] == "flows/cell.py:cell" and flow == "cell"
         assert deployments[name]["work_pool"]["name"] == pool
