@@ -101,7 +101,7 @@ CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora,
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
 
 # Not measured (stated in notes wherever used).
-ANSWER_TOKENS = {0: 50, 1: 1050}  # SPEC.md: tokens before the marker under B0 / B1
+ANSWER_TOKENS = {0: 50, 1: 1050}  # docs/experiment.md: tokens before the marker under B0 / B1
 TOKENS_PER_WORD = 1.33  # English prose in Qwen2.5's tokenizer, about
 CHAT_OVERHEAD_TOKENS = 30  # role headers, persona framing, question and format instruction
 PADDED_TAIL_FACTOR = 2.0  # transformers generate: a batch runs until its longest answer (cap/mean ~ 2 for B1)
@@ -370,7 +370,7 @@ def estimate(config: ScreenConfig) -> Estimate:
     work["generated_tokens"] = (work["eval_tokens"] + work["pre_screen_tokens"] + regime_tokens["on"]
                                 + regime_tokens["off"] * off_scale)
     notes.append(
-        f"sequence lengths by rule of thumb: answers {ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (B0/B1, SPEC.md),"
+        f"sequence lengths by rule of thumb: answers {ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (B0/B1, docs/experiment.md),"
         f" {TOKENS_PER_WORD} tokens per word of the long system prompt"
     )
     cost = 0.0 if tiny else gpu_hours * config.execution.gpu_hourly_usd
