@@ -1,7 +1,7 @@
 """The screen: phases 0-4 of SPEC.md, read top to bottom. Gates end the run in a state named "Killed".
 
 Cells run here (pool 'inprocess': in this process, or on `execution.max_parallel_cells` worker processes that
-each keep one base model loaded) or as runs of the `cell` deployment on a GPU work pool (tasks/dispatch.py:
+each keep one base model loaded) or as runs of the `cell` deployment on a GPU work pool (flows/runtime/dispatch.py:
 resubmits crashed runs, enforces the spend cap). Either way every finished cell is in the store, so running
 the screen again resumes it; gate decisions read the store, not the runs' return values.
 """
@@ -30,7 +30,7 @@ from eps_screen.presets import screen_name
 from eps_screen.provenance import provenance
 from eps_screen.store import ResultStore
 from flows.aggregate import aggregate, publish
-from flows.ops import record_owner
+from flows.runtime.runs import record_owner
 from flows.runtime.names import CELL_DEPLOYMENTS
 from tasks.cells import artifact_key, cell_summary, cell_task, pre_screen_task, regime_task
 from tasks.gates import contamination_gate, cost_gate, judged_gate, smoke_gate
@@ -139,7 +139,7 @@ def _pre_screen(config: ScreenConfig) -> dict:
 def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, dict]:
     """dispatch_cells under the screen's rules: kill criterion 5 ends the screen Killed, with its gate saved;
     cells that failed every resubmission end it Failed. Finished work stays in the store either way."""
-    from tasks.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
+    from flows.runtime.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
 
     plan = make_plan(config)
     if plan.problems:  # before anything is rented: a job that cannot fit its GPU would crash on it
@@ -148,8 +148,7 @@ def _on_pool(config: ScreenConfig, ids: list[str], on_done=None) -> dict[str, di
     try:
         return dispatch_cells(config, ids, CELL_DEPLOYMENTS[config.execution.pool], budget_usd=budget, on_done=on_done)
     except CostOverrun as stop:
-        numbers = {"spend_usd": stop.spend_usd, "budget_usd": stop.budget_usd, "cancelled": len(stop.cancelled)}
-        _gate(cost_gate(quote(config), str(stop), numbers, return_state=True))
+        _gate(cost_gate(quote(config), stop.gate, return_state=True))
     except CellsFailed as stop:
         failed = "; ".join(f"{c}: {m}" for c, m in list(stop.failed.items())[:5])
         raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
@@ -338,7 +337,7 @@ def pool_has_worker(config: ScreenConfig) -> None:
         return
     from prefect.client.orchestration import get_client
 
-    from flows.workers import pool_problem
+    from flows.runtime.workers import pool_problem
 
     with get_client(sync_client=True) as client:
         problem = pool_problem(client, config.execution.pool)
