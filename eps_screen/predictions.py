@@ -1,4 +1,4 @@
-"""SPEC's pre-registered predictions, each judged from the pooled estimates and their bootstrap CIs.
+"""The pre-registered predictions of docs/experiment.md, each judged from the pooled estimates and their bootstrap CIs.
 
 The rule is the same for all: a prediction is a statement that a quantity is above (or below, or
 inside) a threshold. It is *confirmed* when the whole CI is on the predicted side, *not confirmed* when
@@ -77,7 +77,7 @@ def _judge(
 def judge_predictions(
     draws_of: DrawsOf, ci: float = 0.95, widen: dict[str, float] | None = None, partial: bool = False,
 ) -> list[PredictionOutcome]:
-    """Every SPEC prediction, from pooled d's: draws_of(response, term) -> (observed, resamples).
+    """Every prediction of docs/experiment.md, from pooled d's: draws_of(response, term) -> (observed, resamples).
 
     widen: the few-clusters factor per response (stats.few_cluster_factor), as for every other CI;
     a quantity built from both responses uses the larger.

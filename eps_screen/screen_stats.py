@@ -53,7 +53,7 @@ from eps_screen.stats import (
     weighted_ratio,
 )
 
-PRE_REGISTERED: frozenset[str] = frozenset({"A:B"})  # SPEC: the one pre-registered interaction
+PRE_REGISTERED: frozenset[str] = frozenset({"A:B"})  # docs/experiment.md: the one pre-registered interaction
 POOLED = "pooled"
 RESPONSES = ("SR", "LR")
 TERMS: list[tuple[str, ...]] = [(f,) for f in FACTOR_NAMES] + interaction_pairs(FACTOR_NAMES)

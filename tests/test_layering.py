@@ -31,7 +31,7 @@ def test_no_module_of_eps_screen_imports_prefect_or_the_flows():
         (str(p.relative_to(ROOT)), mod)
         for p in (ROOT / "eps_screen").rglob("*.py")
         for mod in _imports(p)
-        if mod.split(".")[0] in {"prefect", "prefect_shell", "flows", "tasks", "eps_screen_runpod"}
+        if mod.split(".")[0] in {"prefect", "flows", "tasks", "eps_screen_runpod"}
     ]
     assert offenders == []
 
