@@ -43,7 +43,7 @@ from eps_screen import design  # noqa: E402
 from eps_screen.aggregate import collect_gates  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
 from eps_screen.store import ResultStore  # noqa: E402
-from tasks.dispatch import dispatch_cells  # noqa: E402
+from flows.runtime.dispatch import dispatch_cells  # noqa: E402
 from tests.fakes.runpod_api import FakeRunPod, Faults  # noqa: E402
 from tests.integration.conftest import PREFECT, ROOT, quiet_env, stop
 
@@ -363,7 +363,7 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
     """Kill criterion 5 end to end: dispatch cancels the running cells, the worker terminates their pods."""
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from tasks.dispatch import CostOverrun
+    from flows.runtime.dispatch import CostOverrun
 
     pool, store = "runpod-cap", tmp_path / "store"
     fake = FakeRunPod({RUNPOD_KEY: "main"}, workdir=ROOT, log_dir=tmp_path / "pods",
