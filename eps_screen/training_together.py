@@ -190,9 +190,28 @@ def _forwards(pieces: list[tuple[int, list[Tokenized]]], budget: int | None) -> 
     return out
 
 
-def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = None) -> list[TrainReport]:
+def forward_budget(recipes: list[Recipe]) -> int:
+    """Tokens one shared pass may hold: the recipes' max_batch_tokens (the memory plan's figure), and never less
+    than the largest micro-batch one of them has alone. So shared passes never need more memory than training the
+    largest cell alone."""
+    pieces = [split_batch(r.batch_size, r.grad_accum, longest, r.max_batch_tokens)[0] * longest
+              for r in recipes for longest in [max(len(x.input_ids) for x in r.rows)]]
+    return max(min((r.max_batch_tokens for r in recipes if r.max_batch_tokens), default=0), max(pieces))
+
+
+def cells_per_pass(recipes: list[Recipe]) -> float:
+    """How many cells' micro-batches share one pass on average under forward_budget (1: nothing is shared)."""
+    budget = forward_budget(recipes)
+    pieces = [split_batch(r.batch_size, r.grad_accum, longest, r.max_batch_tokens)[0] * longest
+              for r in recipes for longest in [max(len(x.input_ids) for x in r.rows)]]
+    return len(pieces) / len(_forwards([(i, [Tokenized([0] * n, [])]) for i, n in enumerate(pieces)], budget))
+
+
+def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = None,
+                   compile_layers: bool = False) -> list[TrainReport]:
     """Train every recipe's adapter on `base` (eps_screen.models.BaseModel) in shared passes, save each to its
-    out_dir with a train_report.json, and return the reports in order. The base is left as it was."""
+    out_dir with a train_report.json, and return the reports in order. The base is left as it was.
+    compile_layers: torch.compile each decoder block (dynamic shapes), as train_lora's compile option does."""
     import torch
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora.layer import Linear
@@ -213,6 +232,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
     names = [f"cell{i}" for i in range(len(recipes))]
     peak = _DevicePeak() if on_gpu else None
     model = None
+    layers = []
     routing = _Routing()
     try:
         for name, r in zip(names, recipes, strict=True):
@@ -245,7 +265,14 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             scheds.append(get_scheduler("linear", opt, num_warmup_steps=warmup, num_training_steps=total))
         backbone = model.base_model.model.get_decoder()
         head = model.base_model.model.get_output_embeddings().weight
-        budget = min((r.max_batch_tokens for r in recipes if r.max_batch_tokens), default=None)
+        budget = forward_budget(recipes)
+        layers = model.base_model.model.model.layers if compile_layers else []
+        if layers:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            for layer in layers:
+                layer.compile(dynamic=True)
         losses = [[] for _ in recipes]
         model.train()
         start = time.perf_counter()
@@ -284,6 +311,8 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
         for name, r in zip(names, recipes, strict=True):
             _save_adapter(model, name, r.out_dir)
     finally:
+        for layer in layers:
+            layer._compiled_call_impl = None  # the next run's LoRA layers are other modules
         if model is not None:
             model.unload()  # strips every cell's LoRA layers: base.model is the untouched base again
         if base_model.__dict__.get("peft_config") is not None:
@@ -311,7 +340,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             final_loss=cell_losses[-1] if cell_losses else None, losses=cell_losses,
             peak_memory_gb=device_gb, peak_allocated_gb=allocated_gb, micro_batch=micro, grad_accum=accum,
             options={"bf16": bf16, "padding_free": True, "varlen_attention": bool(varlen_attention),
-                     "fused_lora": True, "compile": False, "liger": False, "together": len(recipes),
+                     "fused_lora": True, "compile": bool(compile_layers), "liger": False, "together": len(recipes),
                      "together_seconds": seconds, "max_batch_tokens": budget},
         )
         (r.out_dir / "train_report.json").write_text(json.dumps(asdict(report), indent=1))

@@ -123,3 +123,19 @@ def test_recipes_that_cannot_share_passes_are_refused(base, tmp_path):
     assert together_key(recipe(base.tokenizer, _config(epochs=1.5), _examples(4), True, 0, tmp_path / "c")) is None
     with pytest.raises(ValueError, match="together_key"):
         train_together(base, [padded])
+
+
+def test_job_plan_groups_short_cells_and_leaves_long_ones_alone(base, tmp_path):
+    """A job's short cells (several micro-batches fit one pass under max_batch_tokens) share passes; cells whose
+    micro-batch already fills the budget, and recipes with no together_key, train alone."""
+    from eps_screen.job.training import CellTraining, plan
+
+    short = _config(max_batch_tokens=2048)
+    cells = [CellTraining(short, _examples(8, i), i % 2 == 0, i, tmp_path / f"s{i}") for i in range(3)]
+    cells.append(CellTraining(_config(packing=False), _examples(8), True, 9, tmp_path / "padded"))
+    groups, recipes = plan(base.tokenizer, cells)
+    assert groups == [[0, 1, 2]] and len(recipes) == 4
+    longest = max(len(r.input_ids) for r in recipes[0].rows)
+    tight = _config(max_batch_tokens=4 * longest)  # one cell's micro-batch of 4 fills the pass
+    groups, _ = plan(base.tokenizer, [CellTraining(tight, _examples(8, i), True, i, tmp_path / f"t{i}") for i in range(3)])
+    assert groups == []
