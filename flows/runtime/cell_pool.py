@@ -22,6 +22,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import wait
 
@@ -81,6 +82,10 @@ class CellPool:
         self._in_flight: dict[int, str] = {}  # thread id -> the cell it waits for
         self._busy: set[_Worker] = set()
         self._stopped: str | None = None  # why, once stopped: no new cell starts
+        # Workers are started from this one thread, alive as long as the pool: the kernel sends PR_SET_PDEATHSIG
+        # when the *thread* that started a process ends, and the cell task runs that ask for cells are threads
+        # of a phase's task runner, gone when the phase ends.
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cell-pool-starter")
 
     def run(self, cell: Cell) -> dict:
         """The cell's metrics, computed on a worker; raises CellProcessDied if that worker ends first, and what the
@@ -124,6 +129,7 @@ class CellPool:
             worker.end()
         with self._lock:
             self._lock.wait_for(lambda: not self._in_flight, timeout=10)
+        self._starter.shutdown(wait=False)
         if why is not None:
             logger.warning("screen %s: stopped %d cell process(es); cells in flight marked Crashed: %s",
                            what, len(workers), ", ".join(cells) or "none")
@@ -136,7 +142,10 @@ class CellPool:
                     raise CellProcessDied(cell.id, f"not started: the screen {self._stopped}")
                 if self._idle:
                     worker = self._idle.pop()
-                    break
+                    if worker.process.is_alive():
+                        break
+                    self._started -= 1  # died while idle (out of memory): a fresh one instead
+                    continue
                 if self._started < self.size:
                     self._started += 1
                     worker = None
@@ -146,7 +155,7 @@ class CellPool:
                 self._busy.add(worker)
                 return worker
         try:
-            worker = _Worker(self._context, self.config, self.work)
+            worker = self._starter.submit(_Worker, self._context, self.config, self.work).result()
         except BaseException:
             with self._lock:
                 self._started -= 1
