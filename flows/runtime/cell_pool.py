@@ -109,9 +109,9 @@ class CellPool:
             return [w.process.pid for w in (*self._idle, *self._busy) if w.process.pid]
 
     def stop(self, why: BaseException | None) -> list[str]:
-        """End every worker (SIGTERM, SIGKILL after 5 s); the cells in flight end with CellProcessDied. Waits (10 s
-        at most) until their task runs have their Crashed state, then returns those cells. Stopping twice does
-        nothing more."""
+        """End every worker (SIGTERM, SIGKILL after 5 s): each cell in flight, or waiting for a worker, gets
+        CellProcessDied and its task run ends Crashed. Waits (10 s at most) for those runs to have it, then returns
+        their cells. Stopping twice does nothing more."""
         if why is None:
             what = "finished"
         elif isinstance(why, Exception):
