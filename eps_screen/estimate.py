@@ -18,6 +18,7 @@ from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
+from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 
@@ -101,9 +102,6 @@ CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora,
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
 
 # Not measured (stated in notes wherever used).
-ANSWER_TOKENS = {0: 50, 1: 1050}  # docs/experiment.md: tokens before the marker under B0 / B1
-TOKENS_PER_WORD = 1.33  # English prose in Qwen2.5's tokenizer, about
-CHAT_OVERHEAD_TOKENS = 30  # role headers, persona framing, question and format instruction
 PADDED_TAIL_FACTOR = 2.0  # transformers generate: a batch runs until its longest answer (cap/mean ~ 2 for B1)
 POD_STARTUP_S = 180  # per GPU job: pod start, image pull, base model download or copy (no pod was ever timed)
 
@@ -157,19 +155,6 @@ def _training_profile(config: ScreenConfig) -> tuple[str, list[str]]:
         profile = "padfree+liger+fused"
         notes.append("training.compile would make training ~10% faster (padfree+fused+compile figures)")
     return profile, notes
-
-
-def sequence_tokens(config: ScreenConfig, a: int, b: int) -> tuple[float, float, float]:
-    """(prompt tokens, answer tokens, training sequence tokens) of a condition, by rule of thumb."""
-    from eps_screen.panels import load_panels
-
-    words = len(load_panels().long_system_prompt.split())
-    if config.texts.long_prompt_words:
-        words = min(words, config.texts.long_prompt_words)
-    prompt = CHAT_OVERHEAD_TOKENS + (words * TOKENS_PER_WORD if a else 0)
-    answer = min(ANSWER_TOKENS[b], config.eval.max_new_tokens)
-    seq = min(prompt + answer + 6, config.training.max_length)  # marker and end of turn
-    return prompt, answer, seq
 
 
 def generate_rows(config: ScreenConfig, a: int) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eps_screen.config import ScreenConfig
+from eps_screen.sequence_lengths import sequence_tokens
 
 # GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
 GPU_MEMORY_GIB = {
@@ -75,8 +76,6 @@ class MemoryPlan:
 
 def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
     """Memory of a GPU job of this config; None when the model's size is unknown (a hub id without a size)."""
-    from eps_screen.estimate import sequence_tokens
-
     params = model_params(config.model.base)
     if params is None:
         return None
