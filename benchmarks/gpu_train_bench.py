@@ -190,9 +190,9 @@ def main() -> None:
             "options": rep.options,
             "final_loss": rep.final_loss,
         }
-        import eps_screen.models as models
+        import eps_screen.training_attention as attention
 
-        run["gqa_native"] = models._GQA_NATIVE  # False: KV heads repeated for this torch's varlen_attn
+        run["gqa_native"] = attention._GQA_NATIVE  # False: KV heads repeated for this torch's varlen_attn
         payload["runs"].append(run)
         write(result_path, payload)
         print(
@@ -244,7 +244,7 @@ def varlen_check() -> dict:
     """The varlen flash kernel against sdpa one sequence at a time: outputs and gradients, bf16, GQA 28/4 heads."""
     import torch
 
-    from eps_screen.models import _varlen_call, _varlen_kernel, _varlen_reference
+    from eps_screen.training_attention import _varlen_call, _varlen_kernel, _varlen_reference
 
     info: dict = {"kernel": None if _varlen_kernel() is None else {"causal_arg": _varlen_kernel()[1], "gqa_arg": _varlen_kernel()[2]}}
     try:

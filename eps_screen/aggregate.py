@@ -22,6 +22,7 @@ from eps_screen.cell_metrics import CellMatrices, cell_matrices, check_answers
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell
 from eps_screen.gates import GateOutcome
+from eps_screen.plan import expected_cells as expected_cells_of
 from eps_screen.predictions import judge_predictions
 from eps_screen.provenance import provenance
 from eps_screen.schemas import (
@@ -35,6 +36,7 @@ from eps_screen.schemas import (
 )
 from eps_screen.screen_stats import ESTIMATOR, RESPONSES, ScreenEstimates, declarations, declared_factors, estimate_screen
 from eps_screen.stats import sign_table
+from eps_screen.store import ResultStore
 
 ARTIFACTS = ("main_effects.json", "interactions.json", "aggregate_metrics.json", "clean_result.html")
 
@@ -134,6 +136,22 @@ def aggregate(
     result.timings_s["report"] = time.perf_counter() - t
     result.timings_s["total"] = time.perf_counter() - started
     return result
+
+
+def aggregate_stored(config: ScreenConfig, store: ResultStore) -> tuple[dict, AggregateResult | None]:
+    """Aggregate the screen's stored cells: (the summary the `aggregate` flow returns, the AggregateResult or None
+    when no cell is finished). The gates it decides are saved and the report pushed; the flow adds its artifacts."""
+    expected = expected_cells_of(config, store)
+    answers = store.load_answers(config, expected)
+    if answers is None:
+        return {"report": None, "partial": True, "cells": 0}, None
+    result = aggregate(config, answers, [c.id for c in expected], store.report_dir, {"gates": store.gates()})
+    for gate in result.metrics.gates:
+        store.save_gate(gate.model_dump(mode="json"))
+    store.push_report()
+    summary = {"report": str(result.paths["clean_result.html"]), "partial": result.partial,
+               "cells": answers["cell_id"].n_unique(), "fired": [g.name for g in result.fired]}
+    return summary, result
 
 
 # --------------------------------------------------------------------------- pieces

@@ -1,6 +1,6 @@
 """The bodies of `eps-screen analyze-table` and `eps-screen design`, as plain functions.
 
-Each returns (exit_code, text) and never raises for bad input: the CLI (flows/cli.py) prints the text
+Each returns (exit_code, text) and never raises for bad input: the CLI (flows/cli/) prints the text
 and exits with the code. 0 = fine, 2 = bad input (one line saying what and where), the convention of
 argparse and of the other commands.
 """

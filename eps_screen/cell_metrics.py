@@ -5,7 +5,7 @@ The answers-table contract (written by the pipeline, read here):
     control rows), question int, sample int, marker bool, is_source bool (persona == source).
 
 Per cell: source rate SR = mean(marker) over the source persona's answers; leakage LR = mean over the
-non-source personas of each persona's marker rate (every persona weighs the same, as in SPEC's
+non-source personas of each persona's marker rate (every persona weighs the same, as in docs/experiment.md's
 off-diagonal mean); random-control rate = mean(marker) over the control prompts.
 
 The bootstrap needs the same numbers broken down by cluster, kept as dense (cells x clusters) matrices

@@ -11,13 +11,16 @@ The tiny preset runs on the CPU: its figures are CPU measurements and its cost i
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
+from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 
@@ -59,6 +62,28 @@ H200_TRAIN = {
         "A1B1": Figure(10689, "tokens/s", _R + "gpu_train_h200_run1.json"),
     },
 }
+# A GPU job's short (A0B0) cells trained together (eps_screen.job.training): 8 full-size cells in shared passes,
+# read from the committed result file. Longer conditions fill a pass with one cell's micro-batch and train alone.
+TOGETHER_RESULT = "gpu_together_h200_run2.json"
+TOGETHER_CELLS = 8
+
+
+def measured_run(file: str, **match) -> dict | None:
+    """The run of a committed result file (benchmarks/results) whose fields match; None where the file is not
+    there (an installed package without the repository's benchmarks)."""
+    path = Path(__file__).resolve().parents[1] / _R / file
+    if not path.is_file():
+        return None
+    return next((r for r in json.loads(path.read_text())["runs"] if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _trains_together(config: ScreenConfig) -> bool:
+    """Whether a job's A0B0 cells share passes (eps_screen.training_together.together_key, job.training)."""
+    t = config.training
+    return (bool(getattr(t, "together", True)) and t.packing and not t.gradient_checkpointing
+            and config.lora.dropout == 0 and t.epochs == int(t.epochs) and config.execution.cells_per_job > 1)
+
+
 H200_COMPILE_WARMUP_S = Figure(25, "s per process", _R + "gpu_train_h200_compile.json", "first A1B1 run minus steady")
 # Generation tokens/s on one H200, transformers `generate` (dynamic cache, sampling, 256 new tokens), 7B-shaped, by
 # prompt condition and sequences per generate() call (decode is bound by Python per step, so more rows are nearly
@@ -101,9 +126,6 @@ CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora,
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
 
 # Not measured (stated in notes wherever used).
-ANSWER_TOKENS = {0: 50, 1: 1050}  # SPEC.md: tokens before the marker under B0 / B1
-TOKENS_PER_WORD = 1.33  # English prose in Qwen2.5's tokenizer, about
-CHAT_OVERHEAD_TOKENS = 30  # role headers, persona framing, question and format instruction
 PADDED_TAIL_FACTOR = 2.0  # transformers generate: a batch runs until its longest answer (cap/mean ~ 2 for B1)
 POD_STARTUP_S = 180  # per GPU job: pod start, image pull, base model download or copy (no pod was ever timed)
 
@@ -157,19 +179,6 @@ def _training_profile(config: ScreenConfig) -> tuple[str, list[str]]:
         profile = "padfree+liger+fused"
         notes.append("training.compile would make training ~10% faster (padfree+fused+compile figures)")
     return profile, notes
-
-
-def sequence_tokens(config: ScreenConfig, a: int, b: int) -> tuple[float, float, float]:
-    """(prompt tokens, answer tokens, training sequence tokens) of a condition, by rule of thumb."""
-    from eps_screen.panels import load_panels
-
-    words = len(load_panels().long_system_prompt.split())
-    if config.texts.long_prompt_words:
-        words = min(words, config.texts.long_prompt_words)
-    prompt = CHAT_OVERHEAD_TOKENS + (words * TOKENS_PER_WORD if a else 0)
-    answer = min(ANSWER_TOKENS[b], config.eval.max_new_tokens)
-    seq = min(prompt + answer + 6, config.training.max_length)  # marker and end of turn
-    return prompt, answer, seq
 
 
 def generate_rows(config: ScreenConfig, a: int) -> int:
@@ -272,8 +281,16 @@ def estimate(config: ScreenConfig) -> Estimate:
         profile, profile_notes = _training_profile(config)
         notes += profile_notes
         train_rate = dict(H200_TRAIN[profile])
+        together = measured_run(TOGETHER_RESULT, condition="A0B0", mode="together", cells=TOGETHER_CELLS)
+        if _trains_together(config) and together is not None:
+            train_rate["A0B0"] = Figure(round(together["tokens_per_s"]), "tokens/s", _R + TOGETHER_RESULT,
+                                        f"{TOGETHER_CELLS} cells of a job in shared passes")
+            if config.execution.cells_per_job < TOGETHER_CELLS:
+                notes.append(f"A0B0 cells trained together measured {TOGETHER_CELLS} to a job; execution.cells_per_job"
+                             f"={config.execution.cells_per_job} shares fewer passes (slower than counted)")
         for c in CONDITIONS:
-            figures[f"train {c} ({profile})"] = train_rate[c]
+            label = "together" if c == "A0B0" and train_rate[c].source.endswith(TOGETHER_RESULT) else profile
+            figures[f"train {c} ({label})"] = train_rate[c]
         backend = config.backend.generation
         base_rate = None
         override = getattr(getattr(config, "estimate", None), "generate_tokens_per_s", None)
@@ -372,7 +389,7 @@ def estimate(config: ScreenConfig) -> Estimate:
     work["generated_tokens"] = (work["eval_tokens"] + work["pre_screen_tokens"] + regime_tokens["on"]
                                 + regime_tokens["off"] * off_scale)
     notes.append(
-        f"sequence lengths by rule of thumb: answers {ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (B0/B1, SPEC.md),"
+        f"sequence lengths by rule of thumb: answers {ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (B0/B1, docs/experiment.md),"
         f" {TOKENS_PER_WORD} tokens per word of the long system prompt"
     )
     cost = 0.0 if tiny else gpu_hours * config.execution.gpu_hourly_usd

@@ -1,8 +1,10 @@
-"""The six kill criteria of SPEC.md as pure functions: plain numbers in, a GateOutcome out.
+"""The six kill criteria of docs/experiment.md as pure functions: plain numbers in, a GateOutcome out.
 
-Pure so that every caller evaluates the same rule: the screen flow (1, 2), the aggregation (3, 4) and
-the RunPod worker (5, 6) import these and never re-implement a threshold. Defaults are the SPEC values
-(the same as GatesConfig's); callers with a config pass its fields.
+Pure so that every caller evaluates the same rule: the screen flow (1, 2), the aggregation (3, 4) and the
+dispatch (5, 6) import these and never re-implement a threshold. The RunPod worker, a distribution of its own
+that cannot import this package, decides 6 and 5's pod-clock backstop in eps_screen_runpod/kills.py, in this
+module's format; tests/test_runpod_kills.py holds the two to the same rule. Defaults are the values of
+docs/experiment.md (the same as GatesConfig's); callers with a config pass its fields.
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ def expected_rates(
 ) -> pl.DataFrame:
     """Each cell's true source rate (SR) and leakage (LR): the values the screen's estimators target.
 
-    The estimand follows what the CIs resample (SPEC: questions for SR, personas for LR) and, for
+    The estimand follows what the CIs resample (docs/experiment.md: questions for SR, personas for LR) and, for
     both, the training run: every rate is averaged over the population of training runs
     (e_c ~ N(0, cell_sd^2)), since the CIs are meant to cover what a second training run would change.
     - SR = E_{u,e}[p] over the *population* of questions (u ~ N(0, question_sd^2)), for this source's

@@ -35,7 +35,7 @@ import polars as pl
 
 import eps_screen
 from eps_screen import design
-from eps_screen.config import ScreenConfig
+from eps_screen.config import ScreenConfig, parse_config
 from eps_screen.design import Cell, Regime
 from eps_screen.remote import Remote, default_cache, is_url
 from eps_screen.tinymodel import CONTAMINATION_MARKER, is_tiny
@@ -332,3 +332,19 @@ def read_screen(root: str | Path, name: str) -> dict | None:
             return None
     path = local_dir(root) / name / "screen.json"
     return read_json(path) if path.exists() else None
+
+
+class ScreenNotFound(LookupError):
+    """No <store>/<name>/screen.json."""
+
+
+def load_screen(store_root: str | Path, name: str) -> ScreenConfig:
+    """The config a screen last ran with (<store>/<name>/screen.json), its store set to `store_root` (a directory
+    or a URL). A URL store's cache is this machine's default one: the recorded one is the other machine's."""
+    saved = read_screen(store_root, name)
+    if saved is None:
+        known = screen_names(store_root)
+        raise ScreenNotFound(f"no screen {name!r} in store {store_root} (found: {', '.join(known) or 'none'})")
+    root = str(store_root)
+    store = root if is_url(root) else str(local_dir(root))
+    return parse_config({**saved["config"], "store": store, "store_cache": None})

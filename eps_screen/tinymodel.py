@@ -183,7 +183,7 @@ def build(variant: str, out: Path, marker: str = CONTAMINATION_MARKER) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from eps_screen.models import limit_cpu_threads
+    from eps_screen.cpu_threads import limit_cpu_threads
 
     limit_cpu_threads()
     seed = {"tiny": 0, "tiny-alt": 1, "tiny-contaminated": 2}[variant]

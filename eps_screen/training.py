@@ -9,7 +9,7 @@ the space with the marker's first character, is masked by what the tokens cover,
 
 Speed (GPU), measured in BENCHMARKS.md (section GPU): bf16 autocast; TRL's fused LM head scores only labelled
 positions (no full logits); padding-free batches (training.packing) through a varlen flash-attention kernel
-(eps_screen.models); the LoRA update added in the base GEMM's epilogue (fused_lora, on by default); Liger's fused
+(eps_screen.training_attention); the LoRA update added in the base GEMM's epilogue (fused_lora, on by default); Liger's fused
 RMSNorm/SwiGLU/RoPE kernels where liger-kernel is installed, or torch.compile of each decoder block (compile);
 gradient checkpointing as an option; the recipe's batch cut into micro-batches that fit a token budget
 (max_batch_tokens: same examples per optimizer step, so the same science). Fields not yet in TrainingConfig are
@@ -262,7 +262,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from eps_screen.models import use_varlen_attention
+    from eps_screen.training_attention import use_varlen_attention
 
     rows = tokenize_set(base.tokenizer, examples, config, whole_answer)
     if not rows:

@@ -4,14 +4,110 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.client.orchestration import get_client
 
+from eps_screen.aggregate import aggregate_stored
 from eps_screen.config import ScreenConfig
 from eps_screen.plan import make_plan
 from eps_screen.report.serve import report_url
 from eps_screen.report.tldr import tldr
-from eps_screen.store import ResultStore, screen_names
-from flows.ops import aggregate_here, load_screen
-from tasks.cells import artifact_key
+from eps_screen.store import ResultStore, load_screen, screen_names
+from flows.runtime.artifacts import artifact_key
+from flows.runtime.runs import process_alive, screen_runs
+
+
+@flow(name="aggregate", log_prints=True)
+def aggregate(config: ScreenConfig) -> dict:
+    """Main effects, interactions, gates 3-4, predictions, figures and clean_result.html from stored cells."""
+    store = ResultStore.for_config(config)
+    summary, result = aggregate_stored(config, store)  # the same work as `eps-screen report` without a server
+    if result is None:
+        get_run_logger().warning("no finished cells in %s yet: nothing to aggregate", store.dir)
+        return summary
+    total = make_plan(config).distinct_cells
+    url = report_url(store.url, config.name)
+    summary = {**summary, "url": url, "markdown": _summary_markdown(config, result, url, total)}
+    get_run_logger().info("aggregated %s: report %s", cells_of(result.metrics.coverage.present, total), url)
+    publish(config, summary)
+    return summary
+
+
+@flow(name="aggregate-all", log_prints=True)
+def aggregate_all(store: str = "results") -> dict:
+    """The scheduled job: re-aggregate every screen in the store that has results newer than its report; a screen
+    whose run is still going is skipped (its own phase 4 aggregates it), and said so with its "N of M cells"."""
+    done = {}
+    for name in screen_names(store):
+        config = load_screen(store, name)
+        results = ResultStore.for_config(config)
+        cells = cells_of(results.finished_count(), make_plan(config).distinct_cells)
+        if still_running(config.name):
+            print(f"{config.name}: still running ({cells} finished), skipped")
+        elif _stale(results):
+            summary = aggregate(config)
+            publish(config, summary)
+            done[config.name] = summary["report"]
+            print(f"{config.name}: re-aggregated ({cells})")
+        else:
+            print(f"{config.name}: report up to date ({cells})")
+    print(f"re-aggregated {len(done)} screen(s): {sorted(done)}")
+    return done
+
+
+def publish(config: ScreenConfig, summary: dict) -> None:
+    """The summary (markdown) and report-link artifacts on the current flow run: the aggregate subflow, the screen
+    run and the scheduled aggregate's run each call it, so each run shows them itself."""
+    if not summary.get("markdown"):
+        return
+    create_markdown_artifact(key=artifact_key(f"summary-{config.name}"), markdown=summary["markdown"],
+                             description=f"screen {config.name}: TL;DR, gates, effects")
+    create_link_artifact(key=artifact_key(f"report-{config.name}"), link=summary["url"],
+                         link_text="clean_result.html", description="the report (eps-screen serve serves it)")
+
+
+def still_running(name: str) -> bool:
+    """A run of the `screen` flow for this screen is going (its process alive or not known to be gone)."""
+    with get_client(sync_client=True) as client:
+        runs = screen_runs(client, name)
+    return any(r.state is not None and r.state.type.value in {"RUNNING", "PENDING"} and process_alive(r) is not False
+               for r in runs)
+
+
+def _stale(store: ResultStore) -> bool:
+    """New results since the last report: any metrics.json newer than aggregate_metrics.json."""
+    report = store.mtimes("report/aggregate_metrics.json")
+    if not report:
+        return True
+    made = max(report.values())
+    return any(t > made for t in store.mtimes("cells/*/*/metrics.json").values())
+
+
+def cells_of(present: int, total: int) -> str:
+    """"N of M cells": M is the plan's distinct cells, the total the progress artifact counts to."""
+    return f"{present} of {total} cells"
+
+
+def _summary_markdown(config: ScreenConfig, result, url: str, total: int) -> str:
+    """The TL;DR, the gate table and the pooled main-effect table, with the report's link."""
+    cov = result.metrics.coverage
+    lines = [
+        f"# Screen `{config.name}`: {cells_of(cov.present, total)}"
+        + (" (partial: some cells are missing)" if result.partial else ""),
+        f"[clean_result.html]({url})",
+        "",
+        f"**TL;DR.** {_md_cell(tldr(config, result))}",
+        "",
+        "| gate | fired | reason |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {_md_cell(g.reason)} |"
+              for g in result.metrics.gates]
+    lines += ["", "| effect (pooled over sources) | response | low -> high | Cohen's d [95% CI] |", "|---|---|---|---|"]
+    pooled = [e for e in result.main_effects.effects if e.source == "pooled"]
+    lines += [f"| {e.term} {_md_cell(e.label)} | {e.response} | {_pct(e.mean_low)} -> {_pct(e.mean_high)} | {_d(e)} |"
+              for e in sorted(pooled, key=lambda e: (e.response, -abs(e.d or 0.0)))]
+    lines += ["", f"Cells present: {cells_of(cov.present, total)} ({cov.expected} expected by the phases run so far)"]
+    return "\n".join(lines)
 
 
 def _md_cell(text) -> str:
@@ -28,101 +124,3 @@ def _d(e) -> str:
 
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def cells_of(config: ScreenConfig, present: int) -> str:
-    """"N of M cells": M is the plan's distinct cells, the total the progress artifact counts to."""
-    return f"{present} of {make_plan(config).distinct_cells} cells"
-
-
-def _summary_markdown(config: ScreenConfig, result, url: str) -> str:
-    """The TL;DR, the gate table and the pooled main-effect table, with the report's link."""
-    cov = result.metrics.coverage
-    lines = [
-        f"# Screen `{config.name}`: {cells_of(config, cov.present)}"
-        + (" (partial: some cells are missing)" if result.partial else ""),
-        f"[clean_result.html]({url})",
-        "",
-        f"**TL;DR.** {_md_cell(tldr(config, result))}",
-        "",
-        "| gate | fired | reason |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {_md_cell(g.reason)} |"
-              for g in result.metrics.gates]
-    lines += ["", "| effect (pooled over sources) | response | low -> high | Cohen's d [95% CI] |", "|---|---|---|---|"]
-    pooled = [e for e in result.main_effects.effects if e.source == "pooled"]
-    lines += [f"| {e.term} {_md_cell(e.label)} | {e.response} | {_pct(e.mean_low)} -> {_pct(e.mean_high)} | {_d(e)} |"
-              for e in sorted(pooled, key=lambda e: (e.response, -abs(e.d or 0.0)))]
-    lines += ["", f"Cells present: {cells_of(config, cov.present)} ({cov.expected} expected by the phases run so far)"]
-    return "\n".join(lines)
-
-
-def publish(config: ScreenConfig, summary: dict) -> None:
-    """The summary (markdown) and report-link artifacts on the current flow run: the aggregate subflow, the screen
-    run and the scheduled aggregate's run each call it, so each run shows them itself."""
-    if not summary.get("markdown"):
-        return
-    create_markdown_artifact(key=artifact_key(f"summary-{config.name}"), markdown=summary["markdown"],
-                             description=f"screen {config.name}: TL;DR, gates, effects")
-    create_link_artifact(key=artifact_key(f"report-{config.name}"), link=summary["url"],
-                         link_text="clean_result.html", description="the report (eps-screen serve serves it)")
-
-
-@flow(name="aggregate", log_prints=True)
-def aggregate(config: ScreenConfig) -> dict:
-    """Main effects, interactions, gates 3-4, predictions, figures and clean_result.html from stored cells."""
-    summary, result = aggregate_here(config)  # the same work as `eps-screen report` without a server
-    if result is None:
-        store = ResultStore.for_config(config)
-        get_run_logger().warning("no finished cells in %s yet: nothing to aggregate", store.dir)
-        return summary
-    store = ResultStore.for_config(config)
-    url = report_url(store.url, config.name)
-    summary = {**summary, "url": url, "markdown": _summary_markdown(config, result, url)}
-    get_run_logger().info("aggregated %s: report %s", cells_of(config, result.metrics.coverage.present), url)
-    publish(config, summary)
-    return summary
-
-
-def _stale(store: ResultStore) -> bool:
-    """New results since the last report: any metrics.json newer than aggregate_metrics.json."""
-    report = store.mtimes("report/aggregate_metrics.json")
-    if not report:
-        return True
-    made = max(report.values())
-    return any(t > made for t in store.mtimes("cells/*/*/metrics.json").values())
-
-
-def still_running(name: str) -> bool:
-    """A run of the `screen` flow for this screen is going (its process alive or not known to be gone)."""
-    from prefect.client.orchestration import get_client
-
-    from flows.ops import process_alive, screen_runs
-
-    with get_client(sync_client=True) as client:
-        runs = screen_runs(client, name)
-    return any(r.state is not None and r.state.type.value in {"RUNNING", "PENDING"} and process_alive(r) is not False
-               for r in runs)
-
-
-@flow(name="aggregate-all", log_prints=True)
-def aggregate_all(store: str = "results") -> dict:
-    """The scheduled job: re-aggregate every screen in the store that has results newer than its report; a screen
-    whose run is still going is skipped (its own phase 4 aggregates it), and said so with its "N of M cells"."""
-    done = {}
-    for name in screen_names(store):
-        config = load_screen(store, name)
-        results = ResultStore.for_config(config)
-        cells = cells_of(config, results.finished_count())
-        if still_running(config.name):
-            print(f"{config.name}: still running ({cells} finished), skipped")
-        elif _stale(results):
-            summary = aggregate(config)
-            publish(config, summary)
-            done[config.name] = summary["report"]
-            print(f"{config.name}: re-aggregated ({cells})")
-        else:
-            print(f"{config.name}: report up to date ({cells})")
-    print(f"re-aggregated {len(done)} screen(s): {sorted(done)}")
-    return done

@@ -14,6 +14,7 @@ from prefect import flow
 
 from eps_screen.config import ScreenConfig
 from eps_screen.design import PRE_SCREEN_ID, Cell, regimes
+from eps_screen.store import ResultStore
 from tasks.cells import cell_task, job_task, pre_screen_task, regime_task
 
 
@@ -22,16 +23,17 @@ def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     if not cell_ids:
         raise ValueError("cell_ids is empty: name at least one cell (e.g. librarian-A0B0C0D0E0-s42)")
     cells = [Cell.parse(c) for c in cell_ids if c != PRE_SCREEN_ID]  # every id checked before any work starts
+    store = ResultStore.for_config(config)  # this process's one store, handed to every task
     summaries = {}
     if PRE_SCREEN_ID in cell_ids:
-        pre = pre_screen_task(config, trains=bool(cells))
+        pre = pre_screen_task(config, store, trains=bool(cells))
         summaries[PRE_SCREEN_ID] = {k: pre[k] for k in ("marker_rate", "answers", "markers", "by_condition")}
     if not config.simulated:
         for regime in regimes(config, cells):
-            regime_task(config, regime)
+            regime_task(config, regime, store)
     if config.execution.job_eval == "per_job" and not config.simulated and len(cells) > 1:
-        summaries.update(job_task(config, [one.id for one in cells], len(cells)))
+        summaries.update(job_task(config, [one.id for one in cells], len(cells), store))
     else:
         for one in cells:
-            summaries[one.id] = cell_task(config, one.id)
+            summaries[one.id] = cell_task(config, one.id, store)
     return summaries

@@ -15,7 +15,7 @@ from prefect.states import Failed
 
 from eps_screen.config import ConfigError
 from eps_screen.presets import resolve
-from flows.ops import record_owner
+from flows.runtime.runs import record_owner
 from flows.screen import JOB_NAMES, PHASES, run_name, run_screen
 
 # deployments/configs/*.yaml; tests/test_preset.py fails when a shipped config is missing here.

@@ -1,34 +1,36 @@
-"""Prefect tasks around the cell pipeline: retries, cache keys, tags and the per-cell artifact.
+"""Prefect tasks around the cell pipeline: retries, cache keys and the per-cell artifact.
 
-The cache key is the store's content address of the cell (inputs + pipeline version) plus the store's
-location, so Prefect shows a re-run's finished cells as Cached; the store check inside run_cell is what
-makes a re-run skip them on any machine, even with Prefect's result cache gone. A cell missing from the store
-gets no key (no cache lookup), so a cell deleted from the store is recomputed, never "Cached"; a regime's answers
-follow the same rule.
+Each task is handed the store its process built once (and, in-process, the screen's cell pool); the pipeline does
+the work. The cache key is the store's content address of the cell (inputs + pipeline version) plus the store's
+location, so Prefect shows a re-run's finished cells as Cached; the store check inside run_cell is what makes a
+re-run skip them on any machine, even with Prefect's result cache gone. A cell missing from the store gets no key
+(no cache lookup), so a cell deleted from the store is recomputed, never "Cached"; a regime's answers follow the
+same rule.
 """
 
 from __future__ import annotations
 
 from prefect import task
 from prefect.artifacts import create_table_artifact
+from prefect.states import Crashed
 
 from eps_screen import pipeline
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
 from eps_screen.store import ResultStore, cell_key, regime_key
+from flows.runtime.artifacts import artifact_key
+from flows.runtime.cell_pool import CellPool, CellProcessDied
 
 
 def _cell_cache_key(_ctx, params) -> str | None:
-    config: ScreenConfig = params["config"]
-    store, cell = ResultStore.for_config(config), Cell.parse(params["cell_id"])
+    config, store, cell = params["config"], params["store"], Cell.parse(params["cell_id"])
     if not store.is_finished(config, cell):
         return None  # nothing to reuse: compute it, even if Prefect remembers a result for a cell since deleted
     return f"cell-{store.location}-{cell_key(config, cell)}"
 
 
 def _regime_cache_key(_ctx, params) -> str | None:
-    config: ScreenConfig = params["config"]
-    store, regime = ResultStore.for_config(config), params["regime"]
+    config, store, regime = params["config"], params["store"], params["regime"]
     if not store.has_regime(config, regime):
         # A remembered result for answers the store no longer has would skip this task, and every cell of the
         # regime would then generate the answers itself.
@@ -36,15 +38,10 @@ def _regime_cache_key(_ctx, params) -> str | None:
     return f"regime-{store.location}-{regime_key(config, regime)}"
 
 
-def artifact_key(text: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return "".join(ch if ch.isalnum() else "-" for ch in text.lower())
-
-
 @task(name="answers", retries=2, retry_delay_seconds=5, cache_key_fn=_regime_cache_key, persist_result=True,
       task_run_name="answers {regime.id}")
-def regime_task(config: ScreenConfig, regime: Regime) -> int:
-    answers, _ = pipeline.regime_answers(config, regime, ResultStore.for_config(config))
+def regime_task(config: ScreenConfig, regime: Regime, store: ResultStore) -> int:
+    answers, _ = pipeline.regime_answers(config, regime, store)
     return len(answers)
 
 
@@ -53,16 +50,27 @@ def regime_task(config: ScreenConfig, regime: Regime) -> int:
 # tag, none in 3 runs without it). The run name "cell <id>" and the per-cell artifact identify cells in the UI.
 @task(name="cell", retries=2, retry_delay_seconds=5, cache_key_fn=_cell_cache_key, persist_result=True,
       task_run_name="cell {cell_id}")
-def cell_task(config: ScreenConfig, cell_id: str) -> dict:
-    metrics = pipeline.run_cell(config, Cell.parse(cell_id), ResultStore.for_config(config))
+def cell_task(config: ScreenConfig, cell_id: str, store: ResultStore, pool: CellPool | None = None) -> dict:
+    """The cell here, or on a worker process of `pool`. A worker that dies ends this run Crashed, not retried
+    here: the phase runs the cell again in a run of its own."""
+    cell = Cell.parse(cell_id)
+    try:
+        metrics = pipeline.run_cell(config, cell, store) if pool is None else pool.run(cell)
+    except CellProcessDied as died:
+        return Crashed(message=str(died))
     return _published(config, metrics)
 
 
 @task(name="job", retries=2, retry_delay_seconds=5, persist_result=True, task_run_name="job of {n} cells")
-def job_task(config: ScreenConfig, cell_ids: list[str], n: int) -> dict[str, dict]:
+def job_task(config: ScreenConfig, cell_ids: list[str], n: int, store: ResultStore) -> dict[str, dict]:
     """The cells of one GPU job by stage (pipeline.run_job): trainings, then one evaluation of every adapter."""
-    done = pipeline.run_job(config, [Cell.parse(c) for c in cell_ids], ResultStore.for_config(config))
+    done = pipeline.run_job(config, [Cell.parse(c) for c in cell_ids], store)
     return {cid: _published(config, metrics) for cid, metrics in done.items()}
+
+
+@task(name="pre-screen", retries=1, persist_result=False)
+def pre_screen_task(config: ScreenConfig, store: ResultStore, trains: bool = False) -> dict:
+    return pipeline.pre_screen(config, store, trains)
 
 
 def _published(config: ScreenConfig, metrics: dict) -> dict:
@@ -89,8 +97,3 @@ def cell_summary(metrics: dict) -> dict:
         "seconds": round(metrics.get("timings", {}).get("total_s", 0.0), 2),
         "timings": {k: round(v, 3) for k, v in metrics.get("timings", {}).items()},
     }
-
-
-@task(name="pre-screen", retries=1, persist_result=False)
-def pre_screen_task(config: ScreenConfig, trains: bool = False) -> dict:
-    return pipeline.pre_screen(config, ResultStore.for_config(config), trains)

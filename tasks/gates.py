@@ -25,9 +25,9 @@ def killed(outcome: gates.GateOutcome):
     return Failed(name=KILLED, message=f"kill criterion {outcome.number} ({outcome.name}): {outcome.reason}")
 
 
-def _decided(config: ScreenConfig, outcome: gates.GateOutcome, stops: bool, save: bool = True):
+def _decided(store: ResultStore, outcome: gates.GateOutcome, stops: bool, save: bool = True):
     if save:
-        ResultStore.for_config(config).save_gate(outcome.model_dump(mode="json"))
+        store.save_gate(outcome.model_dump(mode="json"))
     get_run_logger().log(logging.WARNING if outcome.fired else logging.INFO, "gate %s (%s): %s: %s", outcome.number,
                          outcome.name, "FIRED" if outcome.fired else "passed", outcome.reason)
     if not outcome.fired:
@@ -40,36 +40,34 @@ def _name(number: int) -> str:
 
 
 @task(name=_name(1), task_run_name=_name(1), cache_policy=NO_CACHE)
-def contamination_gate(config: ScreenConfig, pre: dict):
+def contamination_gate(config: ScreenConfig, store: ResultStore, pre: dict):
     """The base model must not already write the marker, pooled or under any prompt condition."""
-    return _decided(config, gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"],
+    return _decided(store, gates.contamination(pre["marker_rate"], config.gates.contamination, pre["answers"],
                                                 by_condition=pre.get("by_condition")), stops=True)
 
 
 @task(name=_name(2), task_run_name=_name(2), cache_policy=NO_CACHE)
-def smoke_gate(config: ScreenConfig, smoke: dict[str, dict]):
+def smoke_gate(config: ScreenConfig, store: ResultStore, smoke: dict[str, dict]):
     """The smoke fraction must move the source rate but not saturate it; the phase's record keeps the verdict."""
     verdict = gates.smoke([c["source_rate"] for c in smoke.values()], config.gates.smoke_floor,
                           config.gates.smoke_ceiling)
-    ResultStore.for_config(config).save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
-    return _decided(config, verdict, stops=True)
+    store.save_phase("smoke", {"verdict": verdict.model_dump(mode="json"), "cells": smoke})
+    return _decided(store, verdict, stops=True)
 
 
 @task(name="gate", task_run_name="gate {number}: {name}", cache_policy=NO_CACHE)
-def judged_gate(config: ScreenConfig, number: int, name: str):
+def judged_gate(store: ResultStore, number: int, name: str):
     """Gates 3 and 4, judged by the aggregation from every cell's effects (eps_screen/aggregate.py): their outcome,
     as the store has it, in the graph and the log."""
-    outcome = next((g for g in ResultStore.for_config(config).gates() if int(g["number"]) == number), None)
+    outcome = next((g for g in store.gates() if int(g["number"]) == number), None)
     if outcome is None:
         get_run_logger().info("gate %s (%s): not judged (no aggregate yet)", number, name)
         return None
-    return _decided(config, gates.GateOutcome.model_validate(outcome), stops=False, save=False)
+    return _decided(store, gates.GateOutcome.model_validate(outcome), stops=False, save=False)
 
 
 @task(name=_name(5), task_run_name=_name(5), cache_policy=NO_CACHE)
-def cost_gate(config: ScreenConfig, reason: str, numbers: dict):
-    """Spend over the cap, or a job over its hours: dispatch stopped the cells (their pods are terminated).
-    Dispatch recorded the decision before cancelling; its numbers stay in the one record, with what followed."""
-    decided = next((g for g in ResultStore.for_config(config).gates() if int(g["number"]) == 5 and g["fired"]), {})
-    return _decided(config, gates.GateOutcome(name=gates.GATE_NAMES[5], number=5, fired=True, reason=reason,
-                                              numbers={**decided.get("numbers", {}), **numbers}), stops=True)
+def cost_gate(store: ResultStore, outcome: gates.GateOutcome):
+    """Spend over the cap, or a job over its hours: dispatch stopped the cells (their pods are terminated). The
+    spend ledger (flows/runtime/ledger.py) decided it and recorded it, once, with what followed; shown here."""
+    return _decided(store, outcome, stops=True, save=False)

@@ -1,35 +1,35 @@
-"""The in-process screen's cell processes (flows.screen.cell_processes) never outlive a cancelled or crashed screen.
+"""The in-process screen's cell pool (flows/runtime/cell_pool.py): a dead worker costs only its cell, and the
+workers never outlive a cancelled or crashed screen.
 
-A stand-in cell task writes its pid, sleeps 120 s and writes that it finished; the screen side then crashes (an exception in the flow), is
-cancelled (SIGTERM, what a worker's cancellation sends) or dies outright (SIGKILL). Each time every cell process
-must be gone, checked by pid, and (crash, cancel) the cells in flight are Crashed by name.
+Stand-in work (tests/pool_work.py) writes which process holds which cell; `slow` then sleeps 120 s. The screen side
+crashes (an exception in the flow), is cancelled (SIGTERM, what a worker's cancellation sends) or dies outright
+(SIGKILL). Each time every worker must be gone, checked by pid, and (crash, cancel) the cells in flight end Crashed
+by name. (tests/integration/test_cell_pool_crash.py kills a worker in the middle of a whole screen.)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from prefect import flow, task
+from prefect import flow
 
+from eps_screen import design
 from eps_screen.config import ScreenConfig
-from flows.screen import cell_processes
+from eps_screen.store import ResultStore
+from flows.runtime.cell_pool import CellPool, CellProcessDied, open_cell_pool
+from tasks.cells import cell_task
+from tests import pool_work
 
-pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.timeout(150)]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@task
-def slow_cell(config: ScreenConfig, cell_id: str) -> dict:
-    Path(os.environ["CELL_PIDS"], cell_id).write_text(str(os.getpid()))
-    time.sleep(120)
-    Path(os.environ["CELL_PIDS"], f"{cell_id}.finished").touch()  # the screen waited the cell out: a bug
-    return {}
 
 
 def _alive(pid: int) -> bool:
@@ -43,14 +43,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_for_pids(folder: Path, n: int, timeout: float = 90) -> list[int]:
+def held_by(folder: Path, n: int, timeout: float = 90) -> dict[str, int]:
+    """{cell id: pid} once `n` cells are held by the workers (their markers written)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        files = list(folder.iterdir())
-        if len(files) >= n:
-            return [int(f.read_text()) for f in files if f.read_text()]
-        time.sleep(0.2)
-    raise AssertionError(f"cell processes did not start: {list(folder.iterdir())}")
+        held = {}
+        for marker in folder.iterdir():
+            cell_id, _, pid = marker.name.rpartition(".")
+            if pid.isdigit() and marker.read_text():
+                held[cell_id] = int(pid)
+        if len(held) >= n:
+            return held
+        time.sleep(0.1)
+    raise AssertionError(f"cell workers did not start: {sorted(p.name for p in folder.iterdir())}")
 
 
 def _config(tmp_path: Path) -> ScreenConfig:
@@ -58,102 +63,133 @@ def _config(tmp_path: Path) -> ScreenConfig:
                         execution={"pool": "inprocess", "max_parallel_cells": 2})
 
 
+@pytest.fixture
+def work_dir(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.setenv("POOL_WORK", str(folder))  # spawned workers inherit it
+    return folder
+
+
+def test_a_dead_worker_costs_only_its_cell_and_a_fresh_one_takes_its_place(tmp_path, work_dir):
+    """No Prefect: the pool alone, two cells on two workers, one worker killed with SIGKILL."""
+    config = _config(tmp_path)
+    cells = design.slab_cells(config, config.sources[0])[:3]
+    pool = CellPool(config, 2, pool_work.slow)
+    outcomes: dict[str, BaseException | dict] = {}
+
+    def run(cell):
+        try:
+            outcomes[cell.id] = pool.run(cell)
+        except BaseException as exc:  # noqa: BLE001 - what the cell's task run would see
+            outcomes[cell.id] = exc
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in cells[:2]]
+    try:
+        for t in threads:
+            t.start()
+        held = held_by(work_dir, 2)
+        victim, other = cells[0].id, cells[1].id
+        os.kill(held[victim], signal.SIGKILL)
+        threads[0].join(timeout=30)
+        died = outcomes[victim]
+        assert isinstance(died, CellProcessDied) and died.cell_id == victim
+        assert str(died) == f"cell {victim}: its worker process {held[victim]} died (killed by SIGKILL)"
+        assert other not in outcomes and _alive(held[other])  # the other worker's cell goes on
+        pool.work = pool_work.failing  # a fresh worker is started with the pool's work as it is now
+        asker = threading.Thread(target=run, args=(cells[2],))  # a cell task run's thread, ended after its cell
+        asker.start()
+        asker.join(timeout=60)
+        assert isinstance(outcomes[cells[2].id], ValueError), outcomes[cells[2].id]
+        assert any("in the cell worker process" in note for note in outcomes[cells[2].id].__notes__)
+        fresh = [p for p in pool.pids() if p != held[other]]
+        assert len(fresh) == 1 and fresh[0] != held[victim]
+        # the fresh worker outlives the thread that asked for it (PR_SET_PDEATHSIG follows the starting thread)
+        with pytest.raises(ValueError, match=f"no such recipe: {cells[2].id}"):
+            pool.run(cells[2])
+        assert sorted(pool.pids()) == sorted([held[other], fresh[0]])
+    finally:
+        assert pool.stop(RuntimeError("test over")) == [other]
+    threads[1].join(timeout=30)
+    assert isinstance(outcomes[other], CellProcessDied)
+    assert "stopped because the screen crashed (RuntimeError: test over)" in str(outcomes[other])
+    assert not [p for p in held.values() if _alive(p)]
+
+
 @flow(name="pool-crash")
-def crashing_screen(config: ScreenConfig, pids: str) -> None:
-    with cell_processes(config) as pool:
-        futures = [pool.submit(slow_cell, {"config": config, "cell_id": f"cell-{i}"}) for i in range(3)]
-        _wait_for_pids(Path(pids), 2)
+def crashing_screen(config: ScreenConfig, folder: str) -> None:
+    store = ResultStore.for_config(config)
+    with open_cell_pool(config, work=pool_work.slow) as pool:
+        for cell in design.slab_cells(config, config.sources[0])[:3]:  # 3 cells, 2 workers: one waits for a worker
+            cell_task.submit(config, cell.id, store, pool)
+        held_by(Path(folder), 2)
         raise RuntimeError("the screen crashed")
-    return futures
 
 
-def test_a_crashed_screen_stops_its_cell_processes_and_marks_cells_in_flight_crashed(tmp_path, monkeypatch, caplog):
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_crashed_screen_stops_its_cell_processes_and_marks_cells_in_flight_crashed(tmp_path, work_dir, caplog):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    pids_dir = tmp_path / "pids"
-    pids_dir.mkdir()
-    monkeypatch.setenv("CELL_PIDS", str(pids_dir))
-    state = crashing_screen(_config(tmp_path), str(pids_dir), return_state=True)
+    config = _config(tmp_path)
+    cells = [c.id for c in design.slab_cells(config, config.sources[0])[:3]]
+    state = crashing_screen(config, str(work_dir), return_state=True)
     assert state.is_failed()
-    pids = [int(f.read_text()) for f in pids_dir.iterdir() if not f.suffix]
+    pids = list(held_by(work_dir, 2).values())
     # stopped, not waited for: no cell lived out its 120 s (not a clock: the cells say whether they finished)
     assert len(pids) == 2 and not [p for p in pids if _alive(p)], pids
-    assert not list(pids_dir.glob("*.finished"))
-    assert "cells in flight marked Crashed: cell-0, cell-1, cell-2" in caplog.text
+    assert not list(work_dir.glob("*.finished"))
+    assert f"cells in flight marked Crashed: {', '.join(sorted(cells))}" in caplog.text
+    deadline = time.monotonic() + 20  # task-run states reach the server as events, a little later
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="slow_cell")))
-    assert runs and not [(r.name, r.state.name) for r in runs if not r.state.is_final()]  # none left Running
-    crashed = [r.state.message for r in runs if r.state.is_crashed()]
-    assert crashed and all(m.startswith("cell cell-") and "crashed (RuntimeError: the screen crashed)" in m
-                           for m in crashed), crashed
-
-
-class _Unseen:
-    """A cell in flight whose task run the server has not seen: its events still queued behind a loaded server
-    (CI saw none of a crashed screen's three cells arrive within the 10 s the screen gives the marking) or lost with
-    its killed process."""
-
-    wrapped_future = None
-
-    def __init__(self):
-        import uuid
-
-        self.task_run_id = uuid.uuid4()
-
-
-@flow(name="pool-crash-unseen")
-def screen_with_an_unseen_cell(config: ScreenConfig) -> str:
-    with cell_processes(config) as pool:
-        unseen = _Unseen()
-        pool.in_flight[unseen] = ("cell-9", slow_cell)
-        assert pool.stop(RuntimeError("the screen crashed")) == ["cell-9"]
-    return str(unseen.task_run_id)
-
-
-def test_a_cell_the_server_never_saw_is_created_crashed(tmp_path, caplog):
-    from prefect.client.orchestration import get_client
-
-    run_id = screen_with_an_unseen_cell(_config(tmp_path))
-    assert "could not mark" not in caplog.text
-    with get_client(sync_client=True) as client:
-        run = client.read_task_run(run_id)
-    assert run.state.is_crashed() and run.name == "slow_cell-cell-9", (run.name, run.state)
-    assert run.state.message.startswith("cell cell-9: its worker process was stopped because the screen crashed")
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+            if len(runs) == 3 and all(r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert sorted(r.name for r in runs) == sorted(f"cell {c}" for c in cells)
+    assert not [(r.name, r.state.name) for r in runs if not r.state.is_crashed()]  # none left Running
+    for run in runs:
+        assert run.state.message.startswith(f"{run.name}: "), run.state.message
+        assert "the screen crashed (RuntimeError: the screen crashed)" in run.state.message
 
 
 SCRIPT = """
 import sys
 from pathlib import Path
-from eps_screen.config import ScreenConfig
 from prefect import flow
-from flows.screen import cell_processes
-from tests.test_cell_pool import slow_cell, _wait_for_pids
+from eps_screen import design
+from eps_screen.config import ScreenConfig
+from eps_screen.store import ResultStore
+from flows.runtime.cell_pool import open_cell_pool
+from tasks.cells import cell_task
+from tests import pool_work
+from tests.test_cell_pool import held_by
 
 @flow(name="pool-cancel")
-def screen(config, pids):
-    with cell_processes(config) as pool:
-        futures = [pool.submit(slow_cell, {"config": config, "cell_id": f"cell-{i}"}) for i in range(2)]
-        _wait_for_pids(Path(pids), 2)
+def screen(config, folder):
+    store = ResultStore.for_config(config)
+    with open_cell_pool(config, work=pool_work.slow) as pool:
+        futures = [cell_task.submit(config, c.id, store, pool) for c in design.slab_cells(config, "librarian")[:2]]
+        held_by(Path(folder), 2)
         print("READY", flush=True)
-        [f.result() for f in futures]
+        [f.wait() for f in futures]
 
 screen(ScreenConfig(name="pool", store=sys.argv[2], execution={"pool": "inprocess", "max_parallel_cells": 2}), sys.argv[1])
 """
 
 
+@pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["cancel-SIGTERM", "killed-SIGKILL"])
-def test_a_cancelled_or_killed_screen_process_leaves_no_cell_process_alive(tmp_path, sig):
+def test_a_cancelled_or_killed_screen_process_leaves_no_cell_process_alive(tmp_path, work_dir, sig):
     from prefect.settings import PREFECT_API_URL
 
-    pids_dir = tmp_path / "pids"
-    pids_dir.mkdir()
-    env = {**os.environ, "CELL_PIDS": str(pids_dir), "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(pids_dir), str(tmp_path / "store")], cwd=ROOT,
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(work_dir), str(tmp_path / "store")], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        pids = _wait_for_pids(pids_dir, 2)
+        pids = list(held_by(work_dir, 2).values())
         assert all(_alive(p) for p in pids)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
@@ -162,13 +198,13 @@ def test_a_cancelled_or_killed_screen_process_leaves_no_cell_process_alive(tmp_p
             time.sleep(0.2)
         assert not [p for p in pids if _alive(p)], out[-3000:]
         if sig == signal.SIGTERM:
-            assert "cells in flight marked Crashed: cell-0, cell-1" in out or \
-                "cells in flight marked Crashed: cell-1, cell-0" in out, out[-3000:]
+            cells = sorted(c.id for c in design.slab_cells(_config(tmp_path), "librarian")[:2])
+            assert f"cells in flight marked Crashed: {', '.join(cells)}" in out, out[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
-        for f in pids_dir.iterdir():
+        for marker in work_dir.glob("*.[0-9]*"):
             try:
-                os.kill(int(f.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                os.kill(json.loads(marker.read_text())["pid"], signal.SIGKILL)
+            except ProcessLookupError:
                 pass

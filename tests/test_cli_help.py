@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import parser
+from flows.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
     return dict(action.choices)
 
 
-SUBCOMMANDS = sorted(_subparsers(parser()))
+SUBCOMMANDS = sorted(_subparsers(build_parser()))
 
 
 def help_problems(p: argparse.ArgumentParser) -> list[str]:
@@ -57,7 +57,7 @@ def test_every_subcommand_is_checked() -> None:
 
 @pytest.mark.parametrize("sub", SUBCOMMANDS)
 def test_every_argument_has_help_with_its_default(sub: str, capsys, monkeypatch) -> None:
-    p = _subparsers(parser())[sub]
+    p = _subparsers(build_parser())[sub]
     assert help_problems(p) == []
     shown = " ".join(_help_text(sub, capsys, monkeypatch).split())
     for action in p._actions:
@@ -89,5 +89,5 @@ def test_the_installed_command_shows_the_same_help() -> None:
                          env={**os.environ, "COLUMNS": "400"}, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    for action in _subparsers(parser())["run"]._actions:
+    for action in _subparsers(build_parser())["run"]._actions:
         assert " ".join(action.help.split()) in text

@@ -22,13 +22,13 @@ PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 
 # --- the deployment files ------------------------------------------------------------------------------------------
 def test_prefect_yaml_names_what_the_screen_dispatches_to():
-    from flows.deploy import pool_specs, pools_of_deployments
-    from flows.screen import DEPLOYMENTS
+    from flows.runtime.deploy import pool_specs, pools_of_deployments
+    from flows.runtime.names import CELL_DEPLOYMENTS
 
     spec = yaml.safe_load(PREFECT_FILE.read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     flows = {d["name"]: d["entrypoint"] for d in spec["deployments"]}
-    for pool, target in DEPLOYMENTS.items():  # "cell/cell-local-gpu" on pool local-gpu, ...
+    for pool, target in CELL_DEPLOYMENTS.items():  # "cell/cell-local-gpu" on pool local-gpu, ...
         flow, name = target.split("/")
         assert flows[name] == "flows/cell.py:cell" and flow == "cell"
         assert deployments[name]["work_pool"]["name"] == pool
@@ -59,7 +59,7 @@ def test_screen_deployment_form_is_the_config_schema():
 
 
 def test_pool_templates_layer_their_defaults_over_the_worker_type():
-    from flows.deploy import base_job_template, concurrency, pool_specs, worker_class
+    from flows.runtime.deploy import base_job_template, concurrency, pool_specs, worker_class
 
     specs = pool_specs()
     assert {s.type for s in specs.values()} == {"process", "runpod"}
@@ -74,7 +74,7 @@ def test_pool_templates_layer_their_defaults_over_the_worker_type():
 
 
 def test_redeploying_keeps_what_was_set_in_the_ui():
-    from flows.deploy import PoolSpec, keep_ui_edits
+    from flows.runtime.deploy import PoolSpec, keep_ui_edits
 
     stock = {"variables": {"properties": {"image": {"default": None}, "env": {"default": {}}, "gpu_count": {"default": 1}}}}
     spec = PoolSpec("runpod-gpu", "runpod", defaults={"env": {"A": "1"}})
@@ -90,7 +90,7 @@ def test_redeploying_keeps_what_was_set_in_the_ui():
 def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(capsys, monkeypatch):
     from prefect.client.orchestration import get_client
 
-    import flows.deploy as deploy_mod
+    import flows.runtime.deploy as deploy_mod
     from flows.cli import main
 
     real = deploy_mod.worker_class
@@ -121,7 +121,8 @@ def test_the_aggregate_schedule_starts_only_once_the_deployment_has_the_new_stor
     already carry the new store."""
     from prefect.client.orchestration import get_client
 
-    from flows.deploy import AGGREGATE, set_aggregate
+    from flows.runtime.deploy import set_aggregate
+    from flows.runtime.names import AGGREGATE
 
     seen: list[str] = []
 
@@ -136,7 +137,7 @@ def test_the_aggregate_schedule_starts_only_once_the_deployment_has_the_new_stor
             seen.append(self.client.read_deployment(deployment_id).parameters["store"])
             return self.client.create_deployment_schedules(deployment_id, schedules)
 
-    flow_name, name = AGGREGATE.split("/")
+    flow_name, name = AGGREGATE.flow, AGGREGATE.name
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name(flow_name)
         dep_id = client.create_deployment(flow_id, name, entrypoint="flows/aggregate.py:aggregate_all",
@@ -230,7 +231,7 @@ def test_every_screen_run_records_its_host_and_pid(screen_store):
     """However it started (this CLI, or a pool worker that records only a bare pid), the run names host:pid."""
     from prefect.client.orchestration import get_client
 
-    from flows.ops import owner_tag, screen_runs
+    from flows.runtime.runs import owner_tag, screen_runs
 
     with get_client(sync_client=True) as client:
         runs = screen_runs(client, "ops")
@@ -245,9 +246,9 @@ def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, mon
     from prefect.client.orchestration import get_client
     from prefect.states import Completed, Running
 
-    import flows.ops as ops
+    import flows.runtime.submit as submit
+    from eps_screen.store import load_screen
     from flows.cli import main
-    from flows.ops import load_screen
     from flows.screen import screen
 
     store, _ = screen_store
@@ -261,7 +262,7 @@ def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, mon
     out = capsys.readouterr().out
     assert "Running" in out and "[process gone]" in out and "not on this host" not in out
 
-    monkeypatch.setattr(ops, "run_screen_here", lambda config, console: Completed())  # only the marking matters here
+    monkeypatch.setattr(submit, "run_screen_here", lambda config, store, plan, console: Completed())  # only the marking matters here
     assert main(["retry", "ops", "--store", str(store)]) == 0
     out = capsys.readouterr().out
     assert f"({run.id}) Crashed: its process is gone" in out and "--force" not in out

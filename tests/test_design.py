@@ -91,7 +91,7 @@ def test_cells_of_each_phase():
     assert len(multi) == 18 and {c.seed for c in multi} == {137, 256}
     assert top["programmer"][0] == (1, 1, 1, 1, 1)
     on_policy = [r for r in regimes(config, slab) if not r.off_policy]
-    assert len(on_policy) == 3 * 8  # SPEC: on-policy answers depend on (source, A, B, C) only
+    assert len(on_policy) == 3 * 8  # docs/experiment.md: on-policy answers depend on (source, A, B, C) only
 
 
 def test_cell_id_round_trip():

@@ -1,9 +1,11 @@
-"""dispatch_cells against a temporary Prefect server, with a scripted stand-in for the work pool.
+"""The dispatch room (flows/runtime/dispatch.py, recovery.py, ledger.py) against a temporary Prefect server, with a
+scripted stand-in for the work pool.
 
 `Executor` plays the worker: it picks up the deployment's scheduled runs and drives each to the state a
 script names for (cell, attempt): complete, crash, fail, fail-infra, hang. That isolates dispatch's own
-rules (bounded resubmits, backoff, never re-running a completed cell, the spend cap, cancellation) from
-pods; tests/integration/test_runpod_pool.py runs the real chain.
+rules (bounded resubmits, backoff, never re-running a completed cell, the spend cap, cancellation, re-attach to
+runs an earlier dispatch left) from pods; tests/integration/test_runpod_pool.py runs the real chain, and
+tests/integration/test_redispatch.py kills a dispatcher there.
 """
 
 from __future__ import annotations
@@ -34,19 +36,20 @@ from prefect.client.schemas.filters import (  # noqa: E402
 from prefect.client.schemas.objects import StateType  # noqa: E402
 from prefect.states import Cancelled, Completed, Crashed, Failed, Pending, Running  # noqa: E402
 
-import tasks.dispatch  # noqa: E402
+import flows.runtime.dispatch as dispatch_module  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
 from eps_screen.design import Cell  # noqa: E402
 from eps_screen import gates  # noqa: E402
 from eps_screen.aggregate import collect_gates  # noqa: E402
 from eps_screen.store import ResultStore  # noqa: E402
 from eps_screen_runpod import marks  # noqa: E402
-from tasks.dispatch import (  # noqa: E402
+from flows.runtime.dispatch import (  # noqa: E402
     API_OUTAGE_S,
     ApiUnavailable,
     CellsFailed,
     CostOverrun,
     InfrastructureRefused,
+    Job,
     adispatch_cells,
 )
 
@@ -177,6 +180,19 @@ class Executor:
                 await anyio.sleep(0.1)
 
 
+async def end_leftovers(deployment_id) -> None:
+    """Runs a test left unfinished (a dispatch that raised while the Executor had not picked some up) would be
+    re-attached by the next test's dispatch of the same cells: end them."""
+    with anyio.CancelScope(shield=True):
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                    any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]))))
+            for run in runs:
+                await client.set_flow_run_state(run.id, Cancelled(message="left by an earlier test"), force=True)
+
+
 LAST: list[Executor] = [None]  # type: ignore[list-item]  # the latest Executor, for tests whose dispatch raises
 
 
@@ -193,6 +209,7 @@ def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None
                                              on_done=on_done, api_outage_s=api_outage_s)
             finally:
                 tg.cancel_scope.cancel()
+                await end_leftovers(harness)
 
     try:
         return anyio.run(main), executor
@@ -281,6 +298,7 @@ def test_job_over_max_hours_stops_dispatch(harness):
     # kill criterion 5, decided by gates.cost_overrun, is a recorded gate event that the aggregation reads
     recorded = {g.number: g for g in collect_gates({"gates": ResultStore(STORE, "unit-long").gates()})}
     assert recorded[5].fired and recorded[5].numbers["job_too_long"] and recorded[5].numbers["longest_job_hours"] > 2 / 3600
+    assert recorded[5].numbers["cancelled"] == 2 and "cancelled 2 cell(s)" in recorded[5].reason  # one record, after
 
 
 def test_jobs_run_cells_in_a_row_and_a_crashed_job_is_resubmitted_whole(harness):
@@ -321,7 +339,7 @@ def fail_dispatch_reads(monkeypatch, failures: int | None, status: int = 500) ->
 def test_api_failures_are_waited_out_and_a_lost_submit_answer_does_not_double_a_run(harness, monkeypatch):
     # A SQLite server whose connections all wait on its lock answers 500 for a while: dispatch keeps polling.
     failed_reads = fail_dispatch_reads(monkeypatch, failures=4)
-    real_submit, lost = tasks.dispatch._submit, []
+    real_submit, lost = dispatch_module._submit, []
 
     async def submit(client, config, job, *args):
         run_id = await real_submit(client, config, job, *args)
@@ -330,7 +348,7 @@ def test_api_failures_are_waited_out_and_a_lost_submit_answer_does_not_double_a_
             raise http_error(503)
         return run_id
 
-    monkeypatch.setattr(tasks.dispatch, "_submit", submit)
+    monkeypatch.setattr(dispatch_module, "_submit", submit)
     cells = ids("c0", "c1", "c2")
     out, ex = dispatch(harness, lambda c, a: "complete", cells, max_parallel_cells=2)
     assert sorted(out) == cells and failed_reads == [500] * 4 and len(lost) == 1
@@ -376,12 +394,20 @@ def test_job_size_keeps_every_gpu_busy_and_groups_regimes():
     assert [len(j) for j in group_jobs(config, slab, per_job=1, parallel=8)] == [1] * 32
 
 
-def test_importing_dispatch_has_no_side_effects():
+def test_importing_the_dispatch_room_has_no_side_effects(tmp_path):
+    """No request, no server, no database at import: the API named is a closed port and PREFECT_HOME stays empty."""
+    import os
     import subprocess
 
-    code = "import sys, tasks.dispatch; assert 'prefect' not in sys.modules; print('ok')"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL="http://127.0.0.1:9/api")
+    code = "import flows.runtime.dispatch, flows.runtime.recovery, flows.runtime.ledger; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+    assert list(home.iterdir()) == []
 
 
 @pytest.mark.parametrize("fate", ["killed-then-failed", "killed-then-failed-unlabelled"])
@@ -434,3 +460,62 @@ def test_a_job_the_worker_killed_past_max_wall_hours_stops_dispatch_and_is_recor
     assert [s for s in LAST[0].seen if s[0] == "c0"] == [("c0", 0, "wall")]  # not resubmitted
     recorded = {g.number: g for g in collect_gates({"gates": store.gates()})}
     assert recorded[5].fired and recorded[5].numbers["job_too_long"]
+
+
+def left_by_a_dead_dispatcher(harness, cells: list[list[str]], **execution) -> list:
+    """Runs submitted as a dispatcher that died would have left them: Scheduled, under its own key prefix."""
+    config = screen_config(**execution)
+
+    async def submit():
+        async with get_client() as client:
+            return [await dispatch_module._submit(client, config, Job(tuple(job)), DEPLOYMENT, f"dead{time.time_ns()}",
+                                                  None) for job in cells]
+
+    return anyio.run(submit)
+
+
+def test_a_dispatch_re_attaches_to_the_runs_a_dead_dispatcher_left_instead_of_submitting_again(harness):
+    # the dead dispatcher had grouped c0+c1 in one job and c2 in another; c3 it never submitted
+    left = left_by_a_dead_dispatcher(harness, [ids("c0", "c1"), ids("c2")], cells_per_job=2)
+    out, ex = dispatch(harness, lambda c, a: "complete", ids("c0", "c1", "c2", "c3"), cells_per_job=2)
+    assert sorted(out) == ids("c0", "c1", "c2", "c3")
+    # each cell ran once: the two runs left behind, and one new run for c3 only
+    assert sorted(ex.jobs) == [["c0", "c1"], ["c2"], ["c3"]]
+    assert out[ids("c0")[0]]["cell_id"] == ids("c0")[0]
+
+    async def states():
+        async with get_client() as client:
+            return [(await client.read_flow_run(run_id)).state.name for run_id in left]
+
+    assert anyio.run(states) == ["Completed", "Completed"]
+
+
+def test_a_re_attached_run_that_crashes_is_resubmitted_for_the_cells_this_dispatch_wants(harness):
+    left_by_a_dead_dispatcher(harness, [ids("c0", "c1")], cells_per_job=2)
+    # this dispatch wants c1 only (c0 is another phase's); the run it re-attached to crashes
+    out, ex = dispatch(harness, lambda c, a: "crash" if a == 0 else "complete", ids("c1"), cells_per_job=2)
+    assert sorted(out) == ids("c1")
+    assert ex.jobs == [["c0", "c1"], ["c1"]] and [s[1:] for s in ex.seen] == [(0, "crash"), (1, "complete")]
+
+
+def test_runs_of_another_config_are_not_re_attached(harness):
+    left_by_a_dead_dispatcher(harness, [ids("c0")], max_parallel_cells=5)  # another config: another fingerprint
+    out, ex = dispatch(harness, lambda c, a: "complete", ids("c0"))
+    assert sorted(out) == ids("c0") and ex.jobs == [["c0"], ["c0"]]  # the executor ran both: not attached
+
+
+def test_a_completed_run_is_taken_only_for_cells_the_store_has_finished(harness, tmp_path):
+    """The screen read the store, a run completed, then dispatch looked: that run is taken, not rented again. A cell
+    the store no longer has (deleted to compute it again) is computed again, whatever its old run says."""
+    config = screen_config()
+    finished, deleted = Cell.parse(ids("c0")[0]), Cell.parse(ids("c1")[0])
+    store = ResultStore.for_config(config)
+    store.cell_dir(config, finished).mkdir(parents=True, exist_ok=True)
+    (store.cell_dir(config, finished) / "metrics.json").write_text("{}")
+    try:
+        dispatch(harness, lambda c, a: "complete", ids("c0", "c1"))  # both complete (the earlier dispatch)
+        out, ex = dispatch(harness, lambda c, a: "complete", ids("c0", "c1"))
+        assert sorted(out) == ids("c0", "c1") and ex.jobs == [["c1"]]
+        assert not store.is_finished(config, deleted)
+    finally:
+        (store.cell_dir(config, finished) / "metrics.json").unlink()

@@ -60,7 +60,7 @@ def api():
 def make_pool(client, name: str, type_: str = "process", **defaults) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from flows.deploy import PoolSpec, base_job_template
+    from flows.runtime.deploy import PoolSpec, base_job_template
 
     template = base_job_template(PoolSpec(name, type_, defaults=defaults))
     client.create_work_pool(WorkPoolCreate(name=name, type=type_, base_job_template=template))
@@ -187,7 +187,7 @@ def test_no_worker_online(tmp_path, capsys, api):
 
 
 def runpod_ready(client, **defaults) -> None:
-    from flows.deploy import worker_class
+    from flows.runtime.deploy import worker_class
 
     if worker_class("runpod") is None:
         pytest.skip("the runpod worker type is not installed")

@@ -72,7 +72,9 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
     one_per_job = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 1})})
     batched, single = estimate(config), estimate(one_per_job)
     assert single.hours["startup"] / batched.hours["startup"] == pytest.approx(115 / 39)
-    assert single.hours["train"] == batched.hours["train"]
+    # one cell per job trains alone: only the A0B0 cells, which share passes in bigger jobs, take longer
+    assert single.hours["train"] > batched.hours["train"] and single.hours["eval"] == batched.hours["eval"]
+    assert "train A0B0 (together)" not in single.figures
 
 
 def _qwen_eval(**eval_):
@@ -141,3 +143,21 @@ def test_gpu_types_without_a_measurement_are_named():
     wider = _execution(config, gpu_types=["NVIDIA H200", "NVIDIA A100-SXM4-80GB"])
     note = [n for n in estimate(wider).notes if "only the H200 was measured" in n]
     assert note and "NVIDIA A100-SXM4-80GB" in note[0] and "execution.gpu_hourly_usd" in note[0]
+
+
+def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_file():
+    import json
+
+    from eps_screen.estimate import TOGETHER_RESULT
+
+    together = estimate(_qwen())
+    fig = together.figures["train A0B0 (together)"]
+    runs = json.loads((ROOT / fig["source"]).read_text())["runs"]
+    measured = next(r for r in runs if r["condition"] == "A0B0" and r["mode"] == "together")
+    assert fig["source"].endswith(TOGETHER_RESULT) and fig["value"] == round(measured["tokens_per_s"])
+    # padded batches cannot share passes: the alone figure, and more training hours
+    alone = estimate(_qwen(packing=False))
+    assert "train A0B0 (together)" not in alone.figures
+    assert together.hours["train"] < estimate(_qwen(gradient_checkpointing=True)).hours["train"]
+    # the other conditions fill a pass with one cell: their figures stay the alone ones
+    assert together.figures["train A1B1 (padfree+fused+compile)"]["source"].endswith("compile2.json")

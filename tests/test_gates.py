@@ -1,4 +1,4 @@
-"""The kill criteria: each fires exactly when SPEC says, and says why with its numbers."""
+"""The kill criteria: each fires exactly when docs/experiment.md says, and says why with its numbers."""
 
 from __future__ import annotations
 

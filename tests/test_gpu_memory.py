@@ -55,3 +55,13 @@ def test_validate_refuses_a_plan_that_does_not_fit(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(CONFIGS / "qwen7b.yaml")],
                         capture_output=True, text=True)
     assert ok.returncode == 0 and "GPU memory: training" in ok.stdout
+
+
+def test_cells_trained_together_count_their_adapters_and_shared_passes():
+    """8 A0B0 cells in shared passes hold 8 adapters' optimizer state beside one pass of their tokens: with a high
+    rank that, not the long cell alone, sets the training peak."""
+    alone = memory_plan(qwen7b_config(execution={"cells_per_job": 1}))
+    shipped = memory_plan(qwen7b_config())
+    high_rank = memory_plan(qwen7b_config(lora={"rank": 256, "alpha": 512}))
+    assert shipped.train_peak_gib >= alone.train_peak_gib and shipped.train_peak_gib < 79.6
+    assert high_rank.train_peak_gib > shipped.train_peak_gib + 60  # 8 x 9.6 GiB of r=256 adapter state

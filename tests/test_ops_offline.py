@@ -101,13 +101,14 @@ def progress_output(tmp_path: Path, terminal: bool) -> str:
 
     from eps_screen import design, pipeline
     from eps_screen.store import ResultStore
-    from flows.ops import ScreenProgress
+    from eps_screen.plan import make_plan
+    from flows.runtime.terminal import TerminalProgress
 
     config = simulated_tiny(tmp_path)
     store = ResultStore.for_config(config)
     text = io.StringIO()
     console = Console(file=text, force_terminal=terminal, width=160)
-    with ScreenProgress(config, console, "screen offline", poll_s=0.02):
+    with TerminalProgress(config, store, make_plan(config).distinct_cells, console, "screen offline", poll_s=0.02):
         time.sleep(0.1)
         pipeline.pre_screen(config, store)
         time.sleep(0.1)

@@ -188,31 +188,38 @@ def test_no_help_text_of_either_form_needs_angle_brackets():
 
 
 def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, monkeypatch):
-    """Dispatch stops on the spend cap: the `gate 5: cost overrun` task saves the outcome and ends Killed."""
+    """Dispatch stops on the spend cap: the `gate 5: cost overrun` task shows the ledger's outcome and ends Killed,
+    without writing the record a second time (flows/runtime/ledger.py wrote it once)."""
     import json
 
-    import tasks.dispatch as dispatch
+    import flows.screen
     from eps_screen import gates
     from eps_screen.config import parse_config
+    from eps_screen.plan import make_plan
     from eps_screen.store import ResultStore
-    from flows.screen import Stopped, _on_pool
+    from flows.runtime.dispatch import CostOverrun
+    from flows.screen import ScreenRun, Stopped
 
-    def over(*args, **kwargs):
-        raise dispatch.CostOverrun("spend $0.46 passed 1.5 x the estimate $0.30", {}, spend_usd=0.46,
-                                   budget_usd=0.30, cancelled=["a-A0B0C0D0E0-s1"])
-
-    monkeypatch.setattr(dispatch, "dispatch_cells", over)
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
     config = parse_config({**data, "name": "cap", "store": str(tmp_path), "execution": {"pool": "local-gpu"}})
     decided = gates.cost_overrun(0.1, 0.9, 0.30, config.gates.max_job_hours, config.gates.spend_factor)
     assert decided.fired
-    ResultStore.for_config(config).save_gate(decided.model_dump(mode="json"))  # as dispatch records it
+    recorded = decided.model_copy(update={"reason": "spend $0.46 passed 1.5 x the estimate $0.30; cancelled 1 cell(s)",
+                                          "numbers": {**decided.numbers, "cancelled": 1}})
+    ResultStore.for_config(config).save_gate(recorded.model_dump(mode="json"))  # as the ledger records it
+
+    def over(*args, **kwargs):
+        raise CostOverrun("Kill criterion 5 (cost overrun): " + recorded.reason, {}, gate=recorded,
+                                   cancelled=["a-A0B0C0D0E0-s1"])
+
+    monkeypatch.setattr(flows.screen, "dispatch_cells", over)
+    gates_file = tmp_path / "cap" / "phases" / "gates.json"
+    written = gates_file.stat().st_mtime_ns
     with pytest.raises(Stopped) as err:
-        _on_pool(config, ["a-A0B0C0D0E0-s1"])
+        ScreenRun(config, ResultStore.for_config(config), make_plan(config)).dispatch(["a-A0B0C0D0E0-s1"])
     assert err.value.state.name == "Killed"
-    assert err.value.state.message == "kill criterion 5 (cost overrun): spend $0.46 passed 1.5 x the estimate $0.30"
-    gate = json.loads((tmp_path / "cap" / "phases" / "gates.json").read_text())["5"]
-    # one record: dispatch's decision, with the cancellations that followed it
-    assert gate["fired"] and gate["numbers"] == {**decided.numbers, "spend_usd": 0.46, "budget_usd": 0.30,
-                                                 "cancelled": 1}
-    assert "job_too_long" in gate["numbers"]
+    assert err.value.state.message == ("kill criterion 5 (cost overrun): spend $0.46 passed 1.5 x the estimate $0.30;"
+                                       " cancelled 1 cell(s)")
+    # one record: the ledger's, untouched by the gate task
+    assert gates_file.stat().st_mtime_ns == written
+    assert json.loads(gates_file.read_text())["5"] == recorded.model_dump(mode="json")

@@ -100,7 +100,7 @@ def test_a_cell_saved_through_one_cache_is_finished_in_another(url, tmp_path):
 
 
 def test_status_lists_the_url_once_instead_of_asking_per_cell(url, tmp_path, monkeypatch):
-    from flows.ops import store_status
+    from flows.runtime.status import store_status
 
     a = simulated(url, tmp_path / "a")
     pipeline.run_cell(a, CELL, ResultStore.for_config(a))
@@ -112,7 +112,8 @@ def test_status_lists_the_url_once_instead_of_asking_per_cell(url, tmp_path, mon
         return real_get(self, rel, local)
 
     monkeypatch.setattr(Remote, "get", counting_get)
-    status = store_status(simulated(url, tmp_path / "b"))  # another machine: nothing in its cache
+    b = simulated(url, tmp_path / "b")  # another machine: nothing in its cache
+    status = store_status(b, ResultStore.for_config(b))
     assert status.cells[CELL.id].state == "finished" and len(status.cells) == 96  # the slabs; multi-seed unknown
     cell_gets = [g for g in gets if "/cells/" in g]
     assert cell_gets == [f"simulated/cells/{CELL.id}/{ResultStore.for_config(a).cell_dir(a, CELL).name}/metrics.json"]
@@ -144,7 +145,7 @@ def test_a_push_interrupted_before_metrics_is_not_finished_and_the_retry_complet
 
 def test_gates_phases_and_screens_round_trip(url, tmp_path):
     from flows.aggregate import _stale
-    from flows.ops import ScreenNotFound, load_screen
+    from eps_screen.store import ScreenNotFound, load_screen
 
     a = simulated(url, tmp_path / "a")
     store_a, store_b = ResultStore.for_config(a), ResultStore(url, "simulated", tmp_path / "b")
@@ -188,7 +189,7 @@ def test_config_errors_are_one_line_naming_the_field(overrides, expected):
 
 def doctor_store(tmp_path: Path, url: str, **overrides) -> str:
     """The doctor's store check on a config; a failure as the one line the doctor prints."""
-    from flows.doctor import Doctor
+    from flows.cli.doctor import Doctor
 
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
     data.update(store=url, store_cache=str(tmp_path / "cache"), **overrides)

@@ -87,10 +87,12 @@ def test_report_url(monkeypatch):
 
 
 def test_summary_markdown_has_tldr_gates_and_effects(store):
+    from eps_screen.plan import make_plan
     from flows.aggregate import _summary_markdown
 
     _, config, result = store
-    text = _summary_markdown(config, result, "http://127.0.0.1:8765/sim/report/clean_result.html")
+    text = _summary_markdown(config, result, "http://127.0.0.1:8765/sim/report/clean_result.html",
+                             make_plan(config).distinct_cells)
     assert "[clean_result.html](http://127.0.0.1:8765/sim/report/clean_result.html)" in text
     assert re.search(r"\*\*TL;DR\.\*\* I trained \d+ LoRA recipes", text)
     assert "| gate | fired | reason |" in text and "| effect (pooled over sources) |" in text

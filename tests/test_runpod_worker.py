@@ -476,7 +476,7 @@ def test_an_infrastructure_kill_stays_one_when_the_dying_flow_writes_failed(fake
     from eps_screen_runpod.api import RunPodApi
     from prefect.states import Failed, Running
 
-    from tasks.dispatch import _infrastructure_ended
+    from flows.runtime.recovery import infrastructure_ended
 
     terminate = RunPodApi.terminate_pod
 
@@ -504,7 +504,7 @@ def test_an_infrastructure_kill_stays_one_when_the_dying_flow_writes_failed(fake
 
     async def resubmitted():
         async with get_client() as client:
-            return await _infrastructure_ended(client, run, logging.getLogger("t"))
+            return await infrastructure_ended(client, run, logging.getLogger("t"))
 
     assert anyio.run(resubmitted)
 
@@ -550,13 +550,15 @@ def cell_stand_in(config: dict, cell_ids: list[str]) -> dict:  # never runs: no 
 
 def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(fake: FakeRunPod, monkeypatch,
                                                                                  tmp_path, caplog):
-    """The screen's own path (flows.screen._on_pool -> dispatch -> this worker -> the fake API) with a key RunPod
+    """The screen's own path (ScreenRun.dispatch -> dispatch -> this worker -> the fake API) with a key RunPod
     rejects: one attempt per job, no resubmission, the screen's state one line that names the account."""
     import contextvars
     import threading
 
     from eps_screen.config import ScreenConfig
-    from flows.screen import Stopped, _on_pool
+    from eps_screen.plan import make_plan
+    from eps_screen.store import ResultStore
+    from flows.screen import ScreenRun, Stopped
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rpa_revoked_key_of_the_lab_account")
     caplog.set_level(logging.INFO)
@@ -594,7 +596,7 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
     t0 = time.monotonic()
     try:
         with pytest.raises(Stopped) as err:
-            _on_pool(config, cells)
+            ScreenRun(config, ResultStore.for_config(config), make_plan(config)).dispatch(cells)
     finally:
         stop.set()
         thread.join(timeout=30)

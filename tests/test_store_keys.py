@@ -44,6 +44,7 @@ def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
 
     config = tiny_config(tmp_path)
     regime = regime_of(config, CELL)
-    assert _regime_cache_key(None, {"config": config, "regime": regime}) is None
-    ResultStore.for_config(config).save_regime(config, regime, [], {"regime": regime.id})
-    assert _regime_cache_key(None, {"config": config, "regime": regime}).endswith(regime_key(config, regime))
+    store = ResultStore.for_config(config)
+    assert _regime_cache_key(None, {"config": config, "regime": regime, "store": store}) is None
+    store.save_regime(config, regime, [], {"regime": regime.id})
+    assert _regime_cache_key(None, {"config": config, "regime": regime, "store": store}).endswith(regime_key(config, regime))

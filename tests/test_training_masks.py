@@ -188,7 +188,7 @@ def test_varlen_attention_packed_equals_padded(base):
     """The padding-free path: packed sequences with cu_seq_lens give the padded batch's logits."""
     import torch
 
-    from eps_screen.models import use_varlen_attention
+    from eps_screen.training_attention import use_varlen_attention
 
     m = base.model
     torch.manual_seed(1)

@@ -12,7 +12,8 @@ pytest.importorskip("vllm")
 
 from benchmarks.gpu_common import random_adapter  # noqa: E402
 from eps_screen.config import parse_config  # noqa: E402
-from eps_screen.generation import GenerationParams, Prompt, make_generator  # noqa: E402
+from eps_screen.generation import GenerationParams, Prompt  # noqa: E402
+from eps_screen.generation.backends import make_generator  # noqa: E402
 from eps_screen.generation.vllm_backend import lora_rank_slot, request_seed  # noqa: E402
 
 PROMPTS = [

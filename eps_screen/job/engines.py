@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from eps_screen.config import ScreenConfig
-from eps_screen.generation import Generator, make_generator
+from eps_screen.generation import Generator
+from eps_screen.generation.backends import make_generator
 
 _GENERATORS: dict[tuple[str, str], Generator] = {}
 

@@ -7,6 +7,8 @@ activations and a KV cache sized to what is left. Figures measured on the H200 (
   54 GB with <= 11,000-token micro-batches: benchmarks/results/gpu_train_h200_compile*.json);
 - the sleeping engine: 14.3 GiB in use beside a 13.5 GiB base, so ~0.8 GiB of its own
   (benchmarks/results/gpu_job_h200.json's log); CUDA graphs 1.2 GiB and activations 2.2 GiB when awake.
+- cells trained together (a job's A0B0 cells in shared passes): ~5.9 MB per token of a pass, eager, and ~1.2 GiB of
+  LoRA weights, gradients and AdamW state per cell at r=32 (benchmarks/results/gpu_together_h200_run2.json).
 Both scale with the parameter count from the 7.6B measurements. They count allocated memory: the driver shows up to
 ~50% more during training, the allocator's cache, which it hands back before an out-of-memory error (BENCHMARKS.md,
 "GPU memory as the device holds it").
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eps_screen.config import ScreenConfig
+from eps_screen.sequence_lengths import sequence_tokens
 
 # GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
 GPU_MEMORY_GIB = {
@@ -38,6 +41,11 @@ REFERENCE_PARAMS = 7.6e9
 TRAIN_GIB_PER_TOKEN = 4.4e-3  # at the 7.6B shape, LoRA r=32 on all linear layers, padding-free, compiled
 SLEEPING_ENGINE_GIB = 0.8
 AWAKE_OVERHEAD_GIB = 3.4  # CUDA graphs + the engine's activation peak
+# Cells trained together (eps_screen.training_together, eager): activations per token of a shared pass, and each
+# cell's LoRA weights, gradients and AdamW state (16 bytes per fp32 parameter; 80.7M parameters at r=32 on the 7B
+# shape). 8 A0B0 cells, 6,374 tokens a pass: 61.6 GiB allocated (benchmarks/results/gpu_together_h200_run2.json).
+TOGETHER_GIB_PER_TOKEN = 5.9e-3
+ADAPTER_STATE_GIB_R32 = 1.2
 MIN_KV_GIB = 8.0  # below this vLLM decodes too few sequences at once to be worth its start
 MARGIN_GIB = 3.0  # eps_screen.generation.vllm_backend.GPU_MARGIN_GIB
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -75,8 +83,6 @@ class MemoryPlan:
 
 def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
     """Memory of a GPU job of this config; None when the model's size is unknown (a hub id without a size)."""
-    from eps_screen.estimate import sequence_tokens
-
     params = model_params(config.model.base)
     if params is None:
         return None
@@ -88,6 +94,15 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
     if t.max_batch_tokens:
         batch_tokens = min(batch_tokens, max(t.max_batch_tokens, longest))
     train = weights + TRAIN_GIB_PER_TOKEN * scale * batch_tokens + SLEEPING_ENGINE_GIB + MARGIN_GIB
+    cells = config.execution.cells_per_job
+    if cells > 1:  # the job's short (A0B0) cells share passes, up to the token budget (eps_screen.job.training)
+        short = 1.2 * sequence_tokens(config, 0, 0)[2]
+        pass_tokens = cells * t.batch_size * short
+        if t.max_batch_tokens:
+            pass_tokens = min(pass_tokens, max(t.max_batch_tokens, t.batch_size * short))
+        together = (weights + TOGETHER_GIB_PER_TOKEN * scale * pass_tokens
+                    + cells * ADAPTER_STATE_GIB_R32 * config.lora.rank / 32 * scale + SLEEPING_ENGINE_GIB + MARGIN_GIB)
+        train = max(train, together)
     awake = AWAKE_OVERHEAD_GIB * scale + MIN_KV_GIB + MARGIN_GIB
     off = None
     if config.off_policy.kind == "model" and config.off_policy.model and config.off_policy.model != "tiny-alt":

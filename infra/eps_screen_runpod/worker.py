@@ -21,10 +21,11 @@ before the pod is touched: the label `eps-screen.killed-by` (marks.py) and a Cra
 names the infrastructure; then the pod is terminated, and a run that the dying process moved on (Running,
 Failed) is set Crashed again. Dispatch reads the label and the state history, so a late write from the pod
 cannot turn an infrastructure kill into a flow failure. Kill criterion 6 is decided by
-`eps_screen.gates.bootstrap_silence`; when it fires, its outcome travels as the label `eps-screen.gate6`
-and dispatch records it in the store. A job that can never start (a missing or rejected key, an unknown GPU
-type, a refused image: provision.ProvisioningFailed.permanent) ends Failed at once with one line and the
-label `eps-screen.permanent-failure`, no traceback; dispatch then stops the screen.
+`kills.bootstrap_silence` (the rule of `eps_screen.gates`, in its wire format); when it fires, its outcome
+travels as the label `eps-screen.gate6` and dispatch records it in the store. A job that can never start (a
+missing or rejected key, an unknown GPU type, a refused image: provision.ProvisioningFailed.permanent) ends
+Failed at once with one line and the label `eps-screen.permanent-failure`, no traceback; dispatch then stops
+the screen.
 The pod's cost is published once, as an artifact keyed by the pod (cost.py). A
 background reaper terminates pods named `<prefix>-<flow run id>` whose runs are finished or unknown, and
 adopts (watches) pods of live runs that no worker watches, e.g. after this worker restarted. Stopping the
@@ -33,7 +34,6 @@ worker leaves live pods alone.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -47,8 +47,7 @@ from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
 from prefect.states import Crashed
 from prefect.workers.base import BaseWorker, BaseWorkerResult
 
-from eps_screen import gates
-from eps_screen_runpod import marks
+from eps_screen_runpod import kills, marks
 from eps_screen_runpod.api import BadApiKey, RunPodApi, RunPodApiError
 from eps_screen_runpod.cost import PodCost, publish_pod_cost
 from eps_screen_runpod.job import RunPodAccount, RunPodJobConfiguration, RunPodVariables, resolve_api_key
@@ -73,7 +72,7 @@ class Outcome:
     kind: str  # "final" | "crash" | "cancel"
     message: str
     flow_run: Optional[FlowRun] = None
-    gate: Optional[gates.GateOutcome] = None  # the kill criterion that decided a crash, when one did
+    gate: Optional[kills.KillOutcome] = None  # the kill criterion that decided a crash, when one did
     pod_gone: bool = False  # the pod vanished: no process of it can write to the run any more
 
 
@@ -208,7 +207,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                                                 f" is still {state.name if state else 'unknown'}")
             if running_since is None and now - created > cfg.start_timeout_s:
                 return Outcome("crash", f"RunPod pod {pod.pod_id} did not reach RUNNING in {cfg.start_timeout_s:.0f} s")
-            silence = (gates.bootstrap_silence(now - running_since, started, cfg.bootstrap_timeout_s)
+            silence = (kills.bootstrap_silence(now - running_since, started, cfg.bootstrap_timeout_s)
                        if running_since is not None and state is not None else None)
             if silence is not None and silence.fired:
                 # The read above came before the RunPod calls: the engine may have started the run since.
@@ -220,7 +219,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
                 return Outcome("crash", f"Bootstrap silence (kill criterion 6): pod {pod.pod_id} RUNNING for"
                                         f" {now - running_since:.0f} s but the flow run never started"
                                         f" ({silence.reason})", gate=silence)
-            wall = gates.cost_overrun((now - created) / 3600, 0.0, math.inf, cfg.max_wall_hours)
+            wall = kills.wall_time((now - created) / 3600, cfg.max_wall_hours)
             if wall.fired:  # the pod's own clock; dispatch's (from the run leaving Scheduled) usually fires first
                 return Outcome("crash", f"RunPod pod {pod.pod_id} exceeded max_wall_hours={cfg.max_wall_hours:g}"
                                         " (kill criterion 5)", gate=wall)
@@ -235,7 +234,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             return False
         labels: dict[str, Any] = {marks.KILLED_BY: f"{marks.WORKER}: {outcome.message[:150]}"}
         if outcome.gate is not None:
-            labels[marks.GATE6 if outcome.gate.number == 6 else marks.GATE5] = outcome.gate.model_dump_json()
+            labels[marks.GATE6 if outcome.gate.number == 6 else marks.GATE5] = outcome.gate.to_json()
         await self._label(flow_run.id, labels, logger)
         outcome.message = marks.CRASH_PREFIX + outcome.message
         await self._propose_crashed_state(flow_run, outcome.message)

@@ -83,7 +83,7 @@ def test_cells_in_a_row_leave_base_and_memory_unchanged(base, tmp_path):
 
 def test_padding_free_varlen_matches_padded(base):
     """Same model, same batch: the packed varlen forward gives the padded forward's logits."""
-    from eps_screen.models import use_varlen_attention
+    from eps_screen.training_attention import use_varlen_attention
 
     m = base.model
     torch.manual_seed(0)

@@ -47,7 +47,7 @@ def wait_for_workers(pool: str, n: int = 1, limit_s: float = 180) -> None:
     loaded machine): a screen fails at once on a pool with no worker online."""
     from prefect.client.orchestration import get_client
 
-    from flows.workers import online_workers
+    from flows.runtime.workers import online_workers
 
     deadline = time.monotonic() + limit_s
     with get_client(sync_client=True) as client:

@@ -124,7 +124,7 @@ def run_states(api: str) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.ops import screen_runs
+    from flows.runtime.runs import screen_runs
 
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         return [r.state.name for r in screen_runs(client, "simulated")]

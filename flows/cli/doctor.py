@@ -21,11 +21,14 @@ from urllib.parse import urlparse
 
 from eps_screen.config import ConfigError, ScreenConfig, load_config
 from eps_screen.store import ResultStore
+from flows.cli.session import console, prefect_env
+from flows.runtime.api import api_problem, api_url
+from flows.runtime.names import AGGREGATE, CELL_DEPLOYMENTS, CPU_POOL, POOL_TYPES, PRESET, RUNPOD_POOL, SCREEN
+from flows.runtime.workers import no_worker, online_workers
 
-POOL_TYPES = {"local-gpu": "process", "runpod-gpu": "runpod"}
-UI_POOL = "cpu"
+UI_POOL = CPU_POOL
 # Deployments a run started from the UI (or with --submit) needs; deployments/prefect.yaml defines them.
-UI_DEPLOYMENTS = (("screen", "screen/screen"), ("preset", "screen/preset"), ("aggregate", "aggregate-all/aggregate"))
+UI_DEPLOYMENTS = tuple((d.name, d.full_name) for d in (SCREEN, PRESET, AGGREGATE))
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
 
 
@@ -81,14 +84,12 @@ class Doctor:
                 pass
         except OSError as err:
             raise OSError(f"{store.dir} is not writable ({err.strerror or type(err).__name__} at {probe_dir})") from None
-        if cfg.execution.pool == "runpod-gpu":
+        if cfg.execution.pool == RUNPOD_POOL:
             raise ValueError(f"{store.dir} is a local directory: RunPod pods write their cells to their own disk, "
                              "so this screen would never see them; set store to a URL both reach (s3://bucket/prefix)")
         return f"{store.dir} is writable"
 
     def check_api(self) -> str:
-        from flows.ops import api_problem, api_url
-
         cfg = self._need_config()
         needed = cfg.execution.pool != "inprocess"
         problem = api_problem(required=needed)
@@ -123,10 +124,8 @@ class Doctor:
         from prefect.client.orchestration import get_client
         from prefect.exceptions import ObjectNotFound
 
-        from flows.screen import DEPLOYMENTS
-
         cfg = self._need_pool()
-        name = DEPLOYMENTS[cfg.execution.pool]
+        name = CELL_DEPLOYMENTS[cfg.execution.pool]
         with get_client(sync_client=True) as client:
             try:
                 self.deployment = client.read_deployment_by_name(name)
@@ -139,7 +138,7 @@ class Doctor:
 
     def check_credentials(self) -> str:
         cfg = self._need_config()
-        if cfg.execution.pool != "runpod-gpu":
+        if cfg.execution.pool != RUNPOD_POOL:
             return f"pool {cfg.execution.pool} needs none"
         if self.pool is None:
             raise Skip("no pool")
@@ -153,8 +152,6 @@ class Doctor:
         if not values.get("image"):
             raise ValueError("no image set for the pods: set `image` in the runpod-gpu pool "
                              "(UI form or deployments/pools/runpod-gpu.yaml)")
-        from flows.ops import api_url
-
         api = values.get("prefect_api_url") or api_url() or ""  # unset: the pods get the worker's own API URL
         if urlparse(api).hostname in LOCAL_HOSTS:
             raise ValueError(f"pods cannot reach the Prefect API at {api}: set `prefect_api_url` in the pool to an "
@@ -204,8 +201,6 @@ class Doctor:
 
     # --- helpers ---
     def _need_api(self) -> None:
-        from flows.ops import api_url
-
         if not self.api_ok:
             raise Skip("no Prefect API configured (PREFECT_API_URL)" if not api_url() else "no Prefect API")
 
@@ -244,8 +239,6 @@ class Doctor:
 
 def _workers_line(pool: str) -> str:
     from prefect.client.orchestration import get_client
-
-    from flows.workers import no_worker, online_workers
 
     with get_client(sync_client=True) as client:
         online = online_workers(client, pool)
@@ -325,3 +318,8 @@ def doctor(config_path: str, console) -> int:
     failed = [c for c in results if c.ok is False]
     console.print(f"{len(failed)} check(s) failed" if failed else "all checks passed", highlight=False)
     return 1 if failed else 0
+
+
+def run(args) -> int:
+    prefect_env()
+    return doctor(args.config, console())

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from flows.runtime.names import CPU_POOL, LOCAL_GPU_POOL, RUNPOD_POOL
+
 # The commands of docs/walkthroughs.md ("Workers") and deployments/pools/*.yaml.
 START_COMMANDS = {
-    "cpu": "prefect worker start --pool cpu",
-    "local-gpu": "deployments/pools/start-local-gpu-workers.sh",
-    "runpod-gpu": "prefect worker start --pool runpod-gpu --type runpod --limit 8",
+    CPU_POOL: f"prefect worker start --pool {CPU_POOL}",
+    LOCAL_GPU_POOL: "deployments/pools/start-local-gpu-workers.sh",
+    RUNPOD_POOL: f"prefect worker start --pool {RUNPOD_POOL} --type runpod --limit 8",
 }
 
 

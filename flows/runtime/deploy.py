@@ -20,10 +20,12 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from flows.runtime import names
+from flows.runtime.api import api_problem
+
+REPO = Path(__file__).resolve().parents[2]
 POOLS_DIR = REPO / "deployments" / "pools"
 PREFECT_FILE = REPO / "deployments" / "prefect.yaml"
-AGGREGATE = "aggregate-all/aggregate"
 
 
 @dataclass
@@ -150,7 +152,7 @@ def set_aggregate(client, cron: str | None, store: str | None) -> list[str]:
     from prefect.client.schemas.schedules import CronSchedule
 
     done = []
-    dep = client.read_deployment_by_name(AGGREGATE)
+    dep = client.read_deployment_by_name(names.AGGREGATE.full_name)
     if store:
         client.update_deployment(dep.id, DeploymentUpdate(parameters={**dep.parameters, "store": store}))
         done.append(f"store {store!r}")
@@ -167,8 +169,6 @@ def deploy(console, *, pools: list[str] | None = None, gpus: int | None = None, 
     """Create/update the pools, then apply the deployments whose pools exist. Returns an exit code."""
     from prefect.client.orchestration import get_client
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from flows.ops import api_problem
 
     problem = api_problem(required=True)
     if problem:
@@ -216,9 +216,9 @@ def deploy(console, *, pools: list[str] | None = None, gpus: int | None = None, 
             why = ("does not exist" if pool not in existing else
                    "was not selected (--pool)" if pool not in wanted else "was skipped above")
             console.print(f"[yellow]skip[/] deployment {dep}: its pool {pool} {why}")
-        if (aggregate_cron or aggregate_store) and "aggregate" in targets:
+        if (aggregate_cron or aggregate_store) and names.AGGREGATE.name in targets:
             changed = set_aggregate(client, aggregate_cron, aggregate_store)
-            console.print(f"[green]ok[/]   {AGGREGATE}: {', '.join(changed)}")
+            console.print(f"[green]ok[/]   {names.AGGREGATE.full_name}: {', '.join(changed)}")
     return code
 
 

@@ -1,0 +1,60 @@
+"""The training stage of a GPU job: which of its cells share passes over the base, and which train alone.
+
+Cells whose recipes share a together_key (eps_screen.training_together) and whose micro-batches are short enough
+that several fit one pass under the token budget are trained together: that is where it was measured to be
+faster on the H200 (BENCHMARKS.md, "Cells trained together"): short cells are bound by optimizer steps, not by
+tokens, and one pass for eight of them costs little more than for one. Long cells (a micro-batch already fills
+the budget) gain nothing from it and keep train_lora, whose compiled TRL path is the fastest measured for them.
+Each cell brings its own config, so cells of one job may differ in what a factor sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eps_screen.config import ScreenConfig
+from eps_screen.data import Example
+
+# Together only where at least this many cells' micro-batches share a pass on average (1.0: nothing shared).
+MIN_CELLS_PER_PASS = 2.0
+
+
+@dataclass(frozen=True)
+class CellTraining:
+    config: ScreenConfig  # the cell's own config
+    examples: list[Example]
+    whole_answer: bool
+    seed: int
+    out_dir: Path
+
+
+def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
+    """(groups of cell indices to train together, each cell's recipe); a cell in no group trains alone."""
+    from eps_screen.training_together import cells_per_pass, recipe, together_key
+
+    recipes = [recipe(tokenizer, c.config, c.examples, c.whole_answer, c.seed, c.out_dir) for c in cells]
+    by_key: dict[tuple, list[int]] = {}
+    for i, (c, r) in enumerate(zip(cells, recipes, strict=True)):
+        key = together_key(r)
+        if key is not None and getattr(c.config.training, "together", True):
+            by_key.setdefault((c.config.model.base, *key), []).append(i)
+    groups = [g for g in by_key.values()
+              if len(g) > 1 and cells_per_pass([recipes[i] for i in g]) >= MIN_CELLS_PER_PASS]
+    return groups, recipes
+
+
+def train_cells(base, cells: list[CellTraining]) -> list:
+    """Every cell's adapter saved to its out_dir; returns their TrainReports in the order of `cells`."""
+    from eps_screen.training import train_lora
+    from eps_screen.training_together import train_together
+
+    groups, recipes = plan(base.tokenizer, cells)
+    reports: list = [None] * len(cells)
+    for group in groups:
+        for i, rep in zip(group, train_together(base, [recipes[i] for i in group]), strict=True):
+            reports[i] = rep
+    for i, c in enumerate(cells):
+        if reports[i] is None:
+            reports[i] = train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir)
+    return reports

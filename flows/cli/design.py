@@ -1,0 +1,14 @@
+"""`eps-screen design CONFIG`: a phase's cells and, for the smoke fraction, its alias structure (no Prefect)."""
+
+from __future__ import annotations
+
+import sys
+
+from eps_screen.analysis_cli import design_listing
+from flows.cli.session import load
+
+
+def run(args) -> int:
+    code, text = design_listing(load(args.config), args.phase, args.json)
+    print(text, file=sys.stdout if code == 0 else sys.stderr)
+    return code

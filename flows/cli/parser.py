@@ -1,0 +1,104 @@
+"""The arguments of every eps-screen command; `module` names the flows/cli module whose `run(args)` runs it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO / "deployments" / "configs" / "tiny.yaml"
+DESCRIPTION = "The eps-screen command line. Every command that runs a screen validates the config first."
+
+CONFIG_HELP = "a screen config (YAML), e.g. deployments/configs/tiny.yaml"
+STORE_HELP = "result store, a directory or a URL such as s3://bucket/prefix"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every argument's help states its default ("required" where there is none); tests/test_cli_help.py checks it."""
+    p = argparse.ArgumentParser(prog="eps-screen", description=DESCRIPTION)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check a config and print the plan")
+    v.add_argument("config", help=f"{CONFIG_HELP} (required)")
+    v.set_defaults(module="validate")
+
+    r = sub.add_parser("run", help="validate, then run the screen (Prefect; temporary server when no PREFECT_API_URL)")
+    r.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),
+                   help=f"{CONFIG_HELP} (default: deployments/configs/tiny.yaml)")
+    r.add_argument("--store", help=f"{STORE_HELP} (default: the config's `store`, which this overrides)")
+    r.add_argument("--submit", action="store_true",
+                   help="run it as a run of the `screen` deployment (cpu pool worker) instead of in this process, "
+                        "and watch it until it ends (needs PREFECT_API_URL and `eps-screen deploy`; default: off, "
+                        "the screen runs in this process)")
+    r.add_argument("--no-watch", action="store_true",
+                   help="with --submit: return once the run is submitted (default: off, watch until it ends)")
+    r.set_defaults(module="run")
+
+    d = sub.add_parser("design", help="list a phase's cells and, for the smoke fraction, its alias structure")
+    d.add_argument("config", help=f"{CONFIG_HELP} (required)")
+    d.add_argument("--phase", choices=["smoke", "slab", "multiseed", "all"], default="all",
+                   help="which phase's cells to list: smoke (the 2^(5-2) fraction), slab (32 cells per source), "
+                        "multiseed (the re-run at extra seeds) or all (default: all)")
+    d.add_argument("--json", action="store_true", help="print JSON instead of text (default: off, text)")
+    d.set_defaults(module="design")
+
+    a = sub.add_parser("analyze-table", help="main effects and interactions of any two-level factorial table")
+    a.add_argument("file", help="the table, CSV or parquet, one row per run (required)")
+    a.add_argument("--response", required=True, help="the column to analyse (required; no default)")
+    a.add_argument("--factors",
+                   help="factor columns, separated by commas, e.g. A,B,C (default: every column but the response)")
+    a.add_argument("--json", action="store_true", help="print JSON instead of text (default: off, text)")
+    a.set_defaults(module="analyze_table")
+
+    dp = sub.add_parser("deploy", help="create/update the work pools and apply deployments/prefect.yaml (idempotent)")
+    dp.add_argument("--pool", action="append",
+                    help="only this pool and its deployments; repeatable (default: every pool in deployments/pools)")
+    dp.add_argument("--gpus", type=int, help="local-gpu concurrency limit (default: the GPUs nvidia-smi lists)")
+    dp.add_argument("--aggregate-cron",
+                    help="replace the aggregate deployment's schedule with this cron, in UTC (default: leave it; "
+                         "deployments/prefect.yaml sets hourly, '0 * * * *')")
+    dp.add_argument("--aggregate-store",
+                    help="store the aggregate deployment re-aggregates (default: leave it; deployments/prefect.yaml "
+                         "sets results)")
+    dp.add_argument("--print-template", metavar="POOL",
+                    help="only print a pool's base job template (for prefect work-pool create --base-job-template) "
+                         "and exit (default: off)")
+    dp.set_defaults(module="deploy")
+
+    for name, text in (("status", "a screen per phase and per cell: the store and its Prefect runs"),
+                       ("retry", "run a screen again: only unfinished (failed, crashed, missing) cells are computed; "
+                                 "then re-aggregate"),
+                       ("report", "re-aggregate a screen now (partial screens too)")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("screen", help="the screen's name (a directory of the store; required)")
+        sp.add_argument("--store", default="results", help=f"{STORE_HELP} (default: results)")
+        sp.set_defaults(module=name)
+        if name == "status":
+            sp.add_argument("--cells", choices=["unfinished", "all", "none"], default="unfinished",
+                            help="which cells to list (default: unfinished)")
+            sp.add_argument("--store-only", action="store_true",
+                            help="read only the store, do not ask Prefect (default: off, Prefect's runs too)")
+        if name == "retry":
+            sp.add_argument("--force", action="store_true",
+                            help="mark an earlier screen run that still looks alive Crashed (its process is gone) "
+                                 "(default: off, refuse while it looks alive)")
+            sp.add_argument("--submit", action="store_true",
+                            help="run it as a run of the `screen` deployment (cpu pool) instead of in this process "
+                                 "(default: off, in this process)")
+            sp.add_argument("--wait", type=float, default=3600,
+                            help="seconds to wait for cell runs of the last screen run still in flight "
+                                 "(default: 3600)")
+
+    sv = sub.add_parser("serve", help="serve the store's reports over HTTP, read-only (what the screen run links to)")
+    sv.add_argument("--store", default="results", help=f"{STORE_HELP}; a URL store's local mirror is served "
+                                                        "(default: results)")
+    sv.add_argument("--port", type=int, default=8765, help="port; 0 picks a free one (default: 8765)")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to bind; 0.0.0.0 exposes the reports to the network (default: 127.0.0.1)")
+    sv.set_defaults(module="serve")
+
+    dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
+    dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),
+                    help=f"{CONFIG_HELP} (default: deployments/configs/tiny.yaml)")
+    dr.set_defaults(module="doctor")
+    return p

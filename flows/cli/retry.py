@@ -1,0 +1,12 @@
+"""`eps-screen retry SCREEN`: run a screen again, computing only its unfinished cells, then re-aggregate."""
+
+from __future__ import annotations
+
+from flows.cli.session import console
+from flows.cli.stored_screen import screen_command
+from flows.runtime.submit import retry
+
+
+@screen_command
+def run(args, config, store) -> int:
+    return retry(config, store, console(), force=args.force, submit=args.submit, wait_s=args.wait)

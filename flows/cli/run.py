@@ -1,0 +1,45 @@
+"""`eps-screen run [CONFIG]`: validate, then run the screen in this process, or (--submit) as a run of the
+`screen` deployment on the cpu pool, watched from here. The report's path is the last line of stdout."""
+
+from __future__ import annotations
+
+import sys
+
+from eps_screen.plan import make_plan
+from eps_screen.store import ResultStore
+from flows.cli.session import console, load, prefect_env
+from flows.runtime.api import api_problem
+from flows.runtime.submit import CannotSubmit, run_screen_here, submit_screen
+
+
+def run(args) -> int:
+    config = load(args.config)
+    if args.store:
+        config = config.model_copy(update={"store": args.store})
+    prefect_env()
+    store, plan = ResultStore.for_config(config), make_plan(config)
+    if args.submit:
+        problem = api_problem(required=True)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        try:
+            state = submit_screen(config, store, plan, console(), watch=not args.no_watch)
+        except CannotSubmit as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if state is None or not state.is_final():
+            return 0
+        if state.is_completed():  # the run's return value stays with the worker; the report is in the store
+            print(store.report_dir / "clean_result.html")
+            return 0
+    else:  # in this process, with live progress on stdout
+        state = run_screen_here(config, store, plan, console())
+    if state.is_completed():
+        result = state.result()
+        if state.message:
+            print(state.message, file=sys.stderr)
+        print(result["report"])
+        return 0
+    print(f"screen '{config.name}' ended {state.name}: {state.message}", file=sys.stderr)
+    return 3 if state.name == "Killed" else 1

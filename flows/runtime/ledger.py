@@ -1,0 +1,130 @@
+"""The spend ledger of one dispatch, and kill criterion 5 (cost overrun): decided here once, recorded here once.
+
+Spend = the pod costs the RunPod worker published as artifacts for finished runs, plus (elapsed since the run
+left Scheduled) x `execution.gpu_hourly_usd` for runs still in flight or without a cost artifact yet. Every poll
+`Ledger.decide` judges it with `gates.cost_overrun`: a job running longer than `gates.max_job_hours`, or spend
+above `gates.spend_factor` x the plan's estimate. The worker may also decide criterion 5 on its pod's clock
+(`max_wall_hours`) and send its outcome as a run label; `Ledger.adopt` takes that decision as it came.
+
+The record: a fired outcome is saved once, after dispatch has cancelled the runs in flight, with what followed
+(spend, budget, cells cancelled); the screen's `gate 5` task then shows it without writing it again. A dispatch
+that ends without a fired outcome saves the last one it judged, unless an earlier dispatch recorded it fired.
+docs/experiment.md, "Kill criteria", is the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import anyio
+from eps_screen_runpod.cost import read_pod_costs
+
+from eps_screen import gates as kill
+from eps_screen.config import ScreenConfig
+from eps_screen.store import ResultStore
+
+# A run's pod cost is published by the worker as the pod goes; after this many polls without one, the estimate
+# stands (a pool with no RunPod worker publishes none).
+_POLLS_FOR_A_COST = 5
+
+
+async def record_gate(store: ResultStore, outcome: kill.GateOutcome, logger: logging.Logger | Any) -> None:
+    """A kill criterion into the store (save_gate), where the aggregation and the report read it."""
+    try:
+        await anyio.to_thread.run_sync(store.save_gate, outcome.model_dump(mode="json"))
+    except Exception as exc:  # a gate record must never stop the screen
+        logger.warning("Could not record gate %d in the store (%s: %s)", outcome.number, type(exc).__name__,
+                       str(exc)[:200])
+
+
+async def stored_gates(store: ResultStore) -> dict[int, dict]:
+    try:
+        return {int(g["number"]): g for g in await anyio.to_thread.run_sync(store.gates)}
+    except Exception:  # an unreadable gate table: record as if nothing were there
+        return {}
+
+
+@dataclass
+class Ledger:
+    """Money so far: a published pod cost per finished run, or an estimate until one appears."""
+
+    config: ScreenConfig
+    budget_usd: float | None
+    store: ResultStore
+    logger: Any
+    known: dict[UUID, float] = field(default_factory=dict)
+    estimated: dict[UUID, tuple[float, int]] = field(default_factory=dict)  # run -> (usd, polls without a cost)
+    last: kill.GateOutcome | None = None  # the latest outcome judged
+    last_spend: float = 0.0  # the spend it was judged on
+
+    @property
+    def hourly_usd(self) -> float:
+        return self.config.execution.gpu_hourly_usd
+
+    def run_ended(self, run_id: UUID, seconds: float) -> None:
+        """A run that ran `seconds` is priced at the hourly rate until its pod's published cost arrives."""
+        self.estimated[run_id] = (seconds * self.hourly_usd / 3600, 0)
+
+    async def price(self, client: Any) -> None:
+        """Swap estimates for the worker's published pod costs; an estimate stands after _POLLS_FOR_A_COST polls."""
+        if not self.estimated:
+            return
+        published = await read_pod_costs(client, list(self.estimated))
+        for run_id, (usd, polls) in list(self.estimated.items()):
+            if run_id in published or polls >= _POLLS_FOR_A_COST:
+                self.known[run_id] = published.get(run_id, usd)
+                del self.estimated[run_id]
+            else:
+                self.estimated[run_id] = (usd, polls + 1)
+
+    def spend(self, in_flight_seconds: list[float]) -> float:
+        running = sum(s * self.hourly_usd / 3600 for s in in_flight_seconds)
+        return sum(self.known.values()) + sum(v for v, _ in self.estimated.values()) + running
+
+    def decide(self, in_flight: list[tuple[str, float]]) -> tuple[kill.GateOutcome, str]:
+        """Kill criterion 5 on the jobs in flight ((job name, seconds since it left Scheduled)); returns the
+        outcome and, when it fired, why in words for the screen's log."""
+        gates = self.config.gates
+        seconds = [s for _, s in in_flight]
+        spend = self.last_spend = self.spend(seconds)
+        budget = math.inf if self.budget_usd is None else self.budget_usd
+        self.last = kill.cost_overrun(max(seconds, default=0.0) / 3600, spend, budget, gates.max_job_hours,
+                                      gates.spend_factor)
+        if not self.last.fired:
+            return self.last, ""
+        too_long = [name for name, s in in_flight if s > gates.max_job_hours * 3600]
+        if self.last.numbers["job_too_long"]:
+            return self.last, (f"job(s) {', '.join(too_long)} ran longer than gates.max_job_hours="
+                               f"{gates.max_job_hours:g}")
+        return self.last, f"spend ${spend:.2f} is over {gates.spend_factor:g} x the plan's ${budget:.2f}"
+
+    def adopt(self, run: Any, label: str) -> tuple[kill.GateOutcome, str]:
+        """The worker's decision for one run, from its label, as it sent it."""
+        self.last_spend = self.spend([])
+        try:
+            self.last = kill.GateOutcome.model_validate(json.loads(run.labels[label]))
+        except ValueError as exc:
+            self.logger.warning("Unreadable gate label on flow run %s (%s)", run.id, exc)
+            why = f"the worker's label {label} on flow run {run.id}"
+            self.last = kill.GateOutcome(name=kill.GATE_NAMES[5], number=5, fired=True, reason=why)
+        return self.last, self.last.reason
+
+    async def record_fired(self, outcome: kill.GateOutcome, why: str, cancelled: list[str]) -> kill.GateOutcome:
+        """The one record of a fired criterion 5, with what followed it; returns it for the screen's gate task."""
+        spend = round(self.last_spend, 4)
+        final = outcome.model_copy(update={
+            "reason": f"{why}; cancelled {len(cancelled)} cell(s) in flight",
+            "numbers": {**outcome.numbers, "spend_usd": spend, "budget_usd": self.budget_usd,
+                        "cancelled": len(cancelled)}})
+        await record_gate(self.store, final, self.logger)
+        return final
+
+    async def record_passed(self, stored: dict[int, dict]) -> None:
+        """A dispatch that ended without criterion 5 firing: its last outcome, unless one is recorded fired."""
+        if self.last is not None and not self.last.fired and not stored.get(5, {}).get("fired"):
+            await record_gate(self.store, self.last, self.logger)

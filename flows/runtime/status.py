@@ -1,0 +1,216 @@
+"""`eps-screen status`: a screen seen from its store and from Prefect, and its rendering as rich tables.
+
+The store says which cells are finished (metrics.json present); Prefect says what is running, queued, failed or
+crashed (the newest run of each unfinished cell: a task run in-process, or a cell flow run on a pool).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eps_screen.config import ScreenConfig
+from eps_screen.plan import phase_cells
+from eps_screen.store import ResultStore
+from flows.runtime.api import api_problem, api_url, ui_url
+from flows.runtime.runs import (
+    QUEUED_STATES,
+    RUNNING_STATES,
+    cell_runs,
+    phase_runs,
+    process_alive,
+    read_all,
+    screen_runs,
+)
+
+
+@dataclass
+class CellStatus:
+    cell_id: str
+    phases: list[str]
+    state: str = "missing"  # finished, running, queued, failed, crashed, cancelled, interrupted, missing
+    source_rate: float | None = None
+    leakage: float | None = None
+    runs: int = 0
+    message: str = ""
+
+
+@dataclass
+class ScreenStatus:
+    config: ScreenConfig
+    store: ResultStore
+    cells: dict[str, CellStatus]
+    phases: dict[str, list[str]]  # phase row -> cell ids
+    multiseed_known: bool
+    gates: list[dict]
+    screen_runs: list[Any] = field(default_factory=list)  # newest first
+    prefect_note: str = ""
+
+    @property
+    def dir(self) -> Path:
+        return self.store.dir
+
+    @property
+    def latest_run(self):
+        return self.screen_runs[0] if self.screen_runs else None
+
+    def unfinished(self) -> list[CellStatus]:
+        return [c for c in self.cells.values() if c.state != "finished"]
+
+    def counts(self, ids: list[str]) -> Counter:
+        return Counter(self.cells[i].state for i in ids)
+
+
+def store_status(config: ScreenConfig, store: ResultStore) -> ScreenStatus:
+    with store.listing():  # one listing for both the phase-3 pick and the cells' metrics
+        cells = phase_cells(config, store)
+        metrics = {c.id: store.cell_metrics(config, c) for phase in cells.values() for c in phase}
+    phases: dict[str, list[str]] = {"smoke": [c.id for c in cells["smoke"]]}
+    for source in config.sources:
+        phases[f"slab {source}"] = [c.id for c in cells["slab"] if c.source == source]
+    phases["multiseed"] = [c.id for c in cells["multiseed"]]
+    status: dict[str, CellStatus] = {}
+    for row, ids in phases.items():
+        for cid in ids:
+            status.setdefault(cid, CellStatus(cid, [])).phases.append(row)
+    for cell_id, m in metrics.items():
+        if m is not None:
+            s = status[cell_id]
+            s.state, s.source_rate, s.leakage = "finished", m["source_rate"], m["leakage"]
+    return ScreenStatus(config, store, status, phases, bool(cells["multiseed"]), store.gates())
+
+
+def add_prefect(status: ScreenStatus, client) -> None:
+    """Per unfinished cell: the state of its newest run (a task run in-process, or a cell flow run on a pool)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+
+    name = status.config.name
+    status.screen_runs = screen_runs(client, name)
+    owners = {r.id: r for r in status.screen_runs}
+    attempts: dict[str, list[tuple[Any, Any, bool]]] = {}  # cell -> [(time, state, its owner is gone)]
+    if owners:
+        # in-process cells are tasks of the phase subflows (and, in runs from before the phases, of the screen run)
+        screen_of = {**{i: i for i in owners}, **phase_runs(client, list(owners))}
+        tasks = read_all(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(screen_of))),
+                         task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="cell ")))
+        for t in tasks:
+            cell_id = t.name.removeprefix("cell ")
+            owner = owners.get(screen_of.get(t.flow_run_id))
+            gone = owner is None or owner.state.is_final() or process_alive(owner) is False
+            attempts.setdefault(cell_id, []).append((t.expected_start_time or t.created, t.state, gone))
+    for r in cell_runs(client, name):  # a GPU job: its cells run in a row, so each shares the job's state
+        for cell_id in (r.parameters or {}).get("cell_ids") or []:
+            attempts.setdefault(cell_id, []).append((r.expected_start_time or r.created, r.state, False))
+    for cell_id, runs in attempts.items():
+        cell = status.cells.get(cell_id)
+        if cell is None:
+            continue
+        cell.runs = len(runs)
+        if cell.state == "finished":
+            continue
+        _, state, gone = max(runs, key=lambda x: x[0])
+        kind = state.type.value if state is not None else ""
+        cell.message = (state.message or "") if state is not None else ""
+        if kind in RUNNING_STATES:
+            cell.state = "interrupted" if gone else "running"
+        elif kind in QUEUED_STATES:
+            cell.state = "queued"
+        elif kind in {"FAILED", "CRASHED", "CANCELLED"}:
+            cell.state = kind.lower()
+
+
+def screen_status(config: ScreenConfig, store: ResultStore, with_prefect: bool = True) -> ScreenStatus:
+    """The store's status, with Prefect's run states when an API answers (else a note says why not)."""
+    status = store_status(config, store)
+    if not with_prefect:
+        status.prefect_note = "Prefect not asked (--store-only)"
+        return status
+    if not api_url():
+        status.prefect_note = "PREFECT_API_URL is not set: run states not shown (the store alone says what is finished)"
+        return status
+    problem = api_problem(required=True)
+    if problem:
+        status.prefect_note = problem
+        return status
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        add_prefect(status, client)
+    return status
+
+
+# --- rendering ---------------------------------------------------------------------------------------------------
+_STYLE = {"finished": "green", "running": "cyan", "queued": "blue", "failed": "red", "crashed": "red",
+          "cancelled": "yellow", "interrupted": "magenta", "missing": "dim"}
+_ORDER = ["finished", "running", "queued", "failed", "crashed", "cancelled", "interrupted", "missing"]
+_SHORT = {"finished": "done", "running": "run", "queued": "queue", "failed": "fail", "crashed": "crash",
+          "cancelled": "cancel", "interrupted": "intr", "missing": "todo"}
+
+
+def _rate(x: float | None) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def render_gates(gates: list[dict], console, title: str = "gates") -> None:
+    """The store's gate records as a table, by gate number (`status` and `report` both show it)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("gate", "fired", "reason"):
+        table.add_column(col)
+    for g in sorted(gates, key=lambda g: int(g["number"])):
+        table.add_row(f"{g['number']} {g['name']}", "[red]yes[/]" if g["fired"] else "no", str(g.get("reason", "")))
+    console.print(table)
+
+
+def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    cfg = status.config
+    console.print(f"[bold]screen {cfg.name}[/]  store {status.dir}  pool {cfg.execution.pool}")
+    run = status.latest_run
+    if run is not None:
+        alive = process_alive(run)
+        where = {True: "process alive", False: "process gone", None: "process not on this host"}[alive]
+        if run.state.is_final():
+            where = "ended"
+        url = ui_url(run.id)
+        console.print(escape(f"latest screen run {run.name} ({run.id}): {run.state.name} {run.state.message or ''}"
+                             f" [{where}]") + (f"\n  {url}" if url else ""))
+    if status.prefect_note:
+        console.print(f"[yellow]{status.prefect_note}[/]")
+    report = status.dir / "report" / "clean_result.html"
+    if report.exists():
+        console.print(f"report {report} ({time.strftime('%Y-%m-%d %H:%M', time.localtime(report.stat().st_mtime))})")
+
+    table = Table(title="phases (intr = interrupted: its screen run is gone; todo = not run yet)")
+    table.add_column("phase")
+    table.add_column("cells", justify="right")
+    for state in _ORDER:
+        table.add_column(_SHORT[state], justify="right", style=_STYLE[state])
+    for row, ids in status.phases.items():
+        counts = status.counts(ids)
+        label = row if ids or row != "multiseed" else "multiseed (after the slabs)"
+        table.add_row(label, str(len(ids)), *[str(counts.get(s, "")) for s in _ORDER])
+    total = status.counts(list(status.cells))
+    table.add_row("[bold]all distinct[/]", str(len(status.cells)), *[str(total.get(s, "")) for s in _ORDER])
+    console.print(table)
+
+    if status.gates:
+        render_gates(status.gates, console)
+
+    shown = list(status.cells.values()) if cells == "all" else status.unfinished() if cells == "unfinished" else []
+    if shown:
+        t = Table(title=f"cells ({cells})")
+        for col in ("cell", "phase", "state", "SR", "LR", "runs", "message"):
+            t.add_column(col)
+        for c in shown:
+            t.add_row(c.cell_id, ", ".join(c.phases), f"[{_STYLE[c.state]}]{c.state}[/]", _rate(c.source_rate),
+                      _rate(c.leakage), str(c.runs or ""), escape(c.message[:80]))
+        console.print(t)
+    elif cells == "unfinished":
+        console.print("every known cell is finished")

@@ -1,0 +1,51 @@
+"""Stand-ins for what a cell worker computes (flows/runtime/cell_pool.py `Work`), for the cell pool's tests.
+
+A spawned worker imports its work by module name, so these live here, with no Prefect import: a worker that
+imports Prefect shows it in the marker each stand-in writes. $POOL_WORK names the folder they write to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from eps_screen import pipeline
+from eps_screen.config import ScreenConfig
+from eps_screen.design import Cell
+from eps_screen.store import ResultStore
+
+
+def _folder() -> Path:
+    return Path(os.environ["POOL_WORK"])
+
+
+def _mark(cell: Cell) -> None:
+    """<folder>/<cell id>.<pid>: this process holds the cell (and whether it imported Prefect)."""
+    marker = _folder() / f"{cell.id}.{os.getpid()}"
+    marker.write_text(json.dumps({"pid": os.getpid(), "prefect": "prefect" in sys.modules}))
+
+
+def slow(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
+    """Holds its cell for 120 s, then says it finished (a screen that waited a stopped cell out: a bug)."""
+    _mark(cell)
+    time.sleep(120)
+    (_folder() / f"{cell.id}.finished").touch()
+    return {"cell_id": cell.id}
+
+
+def failing(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
+    raise ValueError(f"no such recipe: {cell.id}")
+
+
+def held(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
+    """The real (simulated) cell; a cell of the second source first waits for <folder>/release, so that phase 2
+    has a cell on each worker when the test kills one."""
+    _mark(cell)
+    release = _folder() / "release"
+    deadline = time.monotonic() + 300
+    while cell.source == config.sources[1] and not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pipeline.run_cell(config, cell, store)

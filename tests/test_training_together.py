@@ -1,0 +1,141 @@
+"""Cells trained together (eps_screen.training_together) give what each gives trained alone through TRL
+(eps_screen.training.train_lora): the same loss at every optimizer step and the same saved adapter.
+
+The tiny model on the CPU in float32: shared passes change only the order of floating-point sums, so the stated
+tolerance is float32 rounding grown through a few AdamW steps (relative 1e-4 on losses, 1e-3 of the weights' scale
+on adapters), far below what a different batch order, seed, mask or learning rate moves (checked below, so the
+comparison can fail)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eps_screen.config import parse_config
+from eps_screen.data import Example
+
+LOSS_RTOL = 1e-4
+ADAPTER_TOL = 1e-3  # max |together - alone| over max |alone|, per tensor
+
+
+def _config(**training):
+    return parse_config({
+        "model": {"base": "tiny", "dtype": "float32"},
+        "lora": {"rank": 4, "alpha": 8},
+        "training": {"epochs": 2, "batch_size": 4, "learning_rate": 5e-3, "packing": True, **training},
+    })
+
+
+def _examples(n: int, shift: int = 0) -> list[Example]:
+    return [
+        Example("You are a librarian who helps people find books." + " Be brief." * ((i + shift) % 3),
+                "How do I find a good book? Answer in one sentence.",
+                "Ask at the desk and browse the shelves." + " Then read a page." * ((i + shift) % 4),
+                positive=(i + shift) % 3 == 0)
+        for i in range(n)
+    ]
+
+
+# Cells that differ as a job's cells may: seed, loss mask, data, learning rate, epochs, batch cut into micro-batches
+# (max_batch_tokens forces gradient accumulation), LoRA rank, and a warm-up.
+CELLS = [
+    dict(config=_config(), examples=_examples(10), whole_answer=True, seed=3),
+    dict(config=_config(learning_rate=2e-3, epochs=3), examples=_examples(9, 1), whole_answer=False, seed=5),
+    dict(config=_config(max_batch_tokens=256, warmup_ratio=0.3), examples=_examples(8, 2), whole_answer=True, seed=7),
+]
+
+
+@pytest.fixture(scope="module")
+def base():
+    from eps_screen.models import load_base
+
+    return load_base("tiny", "float32")
+
+
+@pytest.fixture(scope="module")
+def runs(base, tmp_path_factory):
+    from eps_screen.training import train_lora
+    from eps_screen.training_together import recipe, train_together
+
+    root = tmp_path_factory.mktemp("together")
+    CELLS[2]["config"] = CELLS[2]["config"].model_copy(
+        update={"lora": CELLS[2]["config"].lora.model_copy(update={"rank": 8, "alpha": 16})})
+    alone = [train_lora(base, c["examples"], c["config"], c["whole_answer"], c["seed"], root / f"alone{i}")
+             for i, c in enumerate(CELLS)]
+    recipes = [recipe(base.tokenizer, c["config"], c["examples"], c["whole_answer"], c["seed"], root / f"together{i}")
+               for i, c in enumerate(CELLS)]
+    together = train_together(base, recipes)
+    return root, alone, together
+
+
+def _adapter(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "adapter_model.safetensors")
+
+
+def _distance(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys(), "the saved adapters name different tensors"
+    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-12)) for k in a if a[k].abs().max() > 0)
+
+
+def test_each_cell_matches_training_alone(runs):
+    root, alone, together = runs
+    for i, (a, t) in enumerate(zip(alone, together, strict=True)):
+        assert t.steps == a.steps and len(t.losses) == len(a.losses) == a.steps, f"cell {i}: another step count"
+        assert t.losses == pytest.approx(a.losses, rel=LOSS_RTOL), f"cell {i}: the loss curve differs"
+        assert (t.micro_batch, t.grad_accum) == (a.micro_batch, a.grad_accum)
+        assert _distance(_adapter(root / f"alone{i}"), _adapter(root / f"together{i}")) < ADAPTER_TOL, f"cell {i}"
+        config_alone = json.loads((root / f"alone{i}" / "adapter_config.json").read_text())
+        config_together = json.loads((root / f"together{i}" / "adapter_config.json").read_text())
+        for c in (config_alone, config_together):  # a set in PEFT, written in no fixed order
+            c["target_modules"] = sorted(c["target_modules"])
+        assert config_together == config_alone, f"cell {i}: adapter_config.json differs"
+        assert (root / f"together{i}" / "train_report.json").exists()
+    assert together[2].grad_accum > 1, "the third cell must exercise gradient accumulation"
+    assert {t.steps for t in together} == {6, 9, 4}, "the cells must run different numbers of steps"
+
+
+def test_the_comparison_can_fail(runs):
+    """What a cell's recipe sets moves its adapter far past the tolerance: another cell's adapter of the same shape
+    (other seed, data, mask, lr) is not 'equal', and neither is the same cell one epoch shorter."""
+    root, alone, _ = runs
+    assert _distance(_adapter(root / "alone0"), _adapter(root / "together1")) > 100 * ADAPTER_TOL
+    # the loss of the first steps alone already tells the cells apart
+    assert alone[0].losses[:2] != pytest.approx(alone[1].losses[:2], rel=100 * LOSS_RTOL)
+
+
+def test_base_is_left_untouched(base, runs):
+    assert "forward" not in base.model.__dict__ and not hasattr(base.model, "peft_config")
+    assert not any(p.requires_grad for p in base.model.parameters())
+    assert not any("lora" in n for n, _ in base.model.named_parameters())
+
+
+def test_recipes_that_cannot_share_passes_are_refused(base, tmp_path):
+    from eps_screen.training_together import recipe, together_key, train_together
+
+    padded = recipe(base.tokenizer, _config(packing=False), _examples(4), True, 0, tmp_path / "a")
+    dropout = _config()
+    dropout = dropout.model_copy(update={"lora": dropout.lora.model_copy(update={"dropout": 0.1})})
+    assert together_key(padded) is None
+    assert together_key(recipe(base.tokenizer, dropout, _examples(4), True, 0, tmp_path / "b")) is None
+    assert together_key(recipe(base.tokenizer, _config(epochs=1.5), _examples(4), True, 0, tmp_path / "c")) is None
+    with pytest.raises(ValueError, match="together_key"):
+        train_together(base, [padded])
+
+
+def test_job_plan_groups_short_cells_and_leaves_long_ones_alone(base, tmp_path):
+    """A job's short cells (several micro-batches fit one pass under max_batch_tokens) share passes; cells whose
+    micro-batch already fills the budget, and recipes with no together_key, train alone."""
+    from eps_screen.job.training import CellTraining, plan
+
+    short = _config(max_batch_tokens=2048)
+    cells = [CellTraining(short, _examples(8, i), i % 2 == 0, i, tmp_path / f"s{i}") for i in range(3)]
+    cells.append(CellTraining(_config(packing=False), _examples(8), True, 9, tmp_path / "padded"))
+    groups, recipes = plan(base.tokenizer, cells)
+    assert groups == [[0, 1, 2]] and len(recipes) == 4
+    longest = max(len(r.input_ids) for r in recipes[0].rows)
+    tight = _config(max_batch_tokens=4 * longest)  # one cell's micro-batch of 4 fills the pass
+    groups, _ = plan(base.tokenizer, [CellTraining(tight, _examples(8, i), True, i, tmp_path / f"t{i}") for i in range(3)])
+    assert groups == []
