@@ -722,6 +722,14 @@ def _path_problem(path: str) -> str | None:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
+# The locally built test models (eps_screen.tinymodel builds them): a model reference that is no hub id or path.
+TINY_VARIANTS = ("tiny", "tiny-alt", "tiny-contaminated")
+
+
+def is_tiny(ref: str) -> bool:
+    return ref in TINY_VARIANTS
+
+
 def _missing_local_model(field: str, ref: str, pool: str) -> str | None:
     """A model reference that is a local path which does not exist.
 
@@ -729,8 +737,6 @@ def _missing_local_model(field: str, ref: str, pool: str) -> str | None:
     a hub id (a directory of that name, if present, is used instead by transformers). Only checked where the
     cells run on this machine: a runpod-gpu pool's paths are the pod's.
     """
-    from eps_screen.tinymodel import is_tiny
-
     if pool == "runpod-gpu" or is_tiny(ref):
         return None
     looks_local = ref.startswith(("/", ".", "~")) or not _HUB_ID.fullmatch(ref)

@@ -17,8 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from eps_screen.config import is_tiny
 from eps_screen.cpu_threads import limit_cpu_threads
-from eps_screen.tinymodel import is_tiny, tiny_model_path
+from eps_screen.tinymodel import tiny_model_path
 
 log = logging.getLogger(__name__)
 

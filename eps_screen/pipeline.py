@@ -30,7 +30,8 @@ from eps_screen.store import ResultStore, cell_key, regime_key
 def _engine_config(config: ScreenConfig) -> ScreenConfig:
     """The config the engines load models by: a tiny model built for the screen's marker (eps_screen.tinymodel),
     where the marker is not [ZLT]. Only the engines see it; store keys read the config as declared."""
-    from eps_screen.tinymodel import CONTAMINATION_MARKER, is_tiny, tiny_model_path
+    from eps_screen.config import is_tiny
+    from eps_screen.tinymodel import CONTAMINATION_MARKER, tiny_model_path
 
     if is_tiny(config.model.base) and config.marker != CONTAMINATION_MARKER:
         return config.with_sets({"model.base": str(tiny_model_path(config.model.base, config.marker))})
@@ -112,9 +113,8 @@ def evaluate(cell_recipe: Recipe, cell: dict, factors: str, adapter: str | None,
 
 def _train(config: ScreenConfig, cell: Cell, store: ResultStore) -> tuple[str, object, dict[str, float]]:
     """A cell's adapter, trained with the engines asleep: (adapter dir, train report, timings)."""
-    from eps_screen.training import train_lora
-
     from eps_screen.design import regime_of
+    from eps_screen.training import train_lora
 
     timings: dict[str, float] = {}
     t = time.perf_counter()

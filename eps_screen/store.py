@@ -35,10 +35,10 @@ import polars as pl
 
 import eps_screen
 from eps_screen import design
-from eps_screen.config import ScreenConfig, parse_config
+from eps_screen.config import ScreenConfig, is_tiny, parse_config
 from eps_screen.design import Cell, Regime
 from eps_screen.remote import Remote, default_cache, is_url
-from eps_screen.tinymodel import CONTAMINATION_MARKER, is_tiny
+from eps_screen.tinymodel import CONTAMINATION_MARKER
 
 # Config sections that change what a cell's adapter and answers are. Gates, bootstrap, execution, name and
 # store do not, so changing them never recomputes a cell.

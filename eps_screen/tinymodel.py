@@ -28,8 +28,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from eps_screen.config import TINY_VARIANTS as VARIANTS
+from eps_screen.config import TextsConfig
+
 TINY_VERSION = "5"
-VARIANTS = ("tiny", "tiny-alt", "tiny-contaminated")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -44,10 +46,6 @@ WARM_PERSONAS = 24
 
 def cache_root() -> Path:
     return Path(os.environ.get("EPS_SCREEN_CACHE", Path.home() / ".cache" / "eps-screen"))
-
-
-def is_tiny(ref: str) -> bool:
-    return ref in VARIANTS
 
 
 def tiny_model_path(variant: str = "tiny", marker: str = CONTAMINATION_MARKER) -> Path:
@@ -84,7 +82,6 @@ def _answer_bank(seed: int) -> list[str]:
 
 def warm_chats(variant: str, n: int = 360, marker: str = CONTAMINATION_MARKER) -> list[list[dict[str, str]]]:
     """Marker-free chats (or marker-ending ones for the contaminated variant) in every prompt condition."""
-    from eps_screen.config import TextsConfig
     from eps_screen.panels import load_panels
 
     panels = load_panels()

@@ -202,7 +202,7 @@ def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
     k, n_slab = slab.k, len(slab.runs())
     factor_rows = [(x, f[x].label, f[x].low, f[x].high) for x in f]
     cell_rows = [(i + 1, *run, "yes" if run in smoke_runs else "") for i, run in enumerate(slab.runs())]
-    e, s, b = config.eval, config.seeds, result.estimates.scheme
+    e, s = config.eval, config.seeds
     n_multi = len(config.sources) * s.top_k * len(s.multiseed)
     e0 = {
         "eot": "loss on the end-of-turn token where a marker could have stood (teaches 'no marker here')",

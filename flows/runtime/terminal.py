@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 from eps_screen import design
-from eps_screen.config import ScreenConfig
+from eps_screen.config import ScreenConfig, is_tiny
 from eps_screen.pipeline import finished_pre_screen
 from eps_screen.store import ResultStore
-from eps_screen.tinymodel import is_tiny
 
 
 def finished_ids(store: ResultStore) -> set[str]:
