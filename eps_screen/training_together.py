@@ -109,33 +109,59 @@ def _target_count(rows: list[Tokenized]) -> int:
 
 
 class _Routing:
-    """The token spans of the current packed row, one per cell: (adapter name, first token, end)."""
+    """The token spans of the current packed row, one per cell (adapter name, first token, end), and for rows of
+    several cells the 0/1 mask that keeps each token's own cell's block of the stacked LoRA ranks."""
 
-    def __init__(self):
+    def __init__(self, ranks: dict[str, int]):
+        self.ranks = ranks
         self.spans: list[tuple[str, int, int]] = []
+        self._mask = None
+
+    def set(self, spans: list[tuple[str, int, int]]) -> None:
+        self.spans, self._mask = spans, None
+
+    def mask(self, like):
+        import torch
+
+        if self._mask is None or self._mask.dtype != like.dtype:
+            cols = [self.ranks[name] for name, _, _ in self.spans]
+            mask = like.new_zeros((self.spans[-1][2], sum(cols)))
+            col = 0
+            for (_, lo, hi), r in zip(self.spans, cols, strict=True):
+                mask[lo:hi, col:col + r] = 1
+                col += r
+            self._mask = mask
+        return self._mask if self._mask.device == like.device else self._mask.to(like.device)
 
 
 def _routed_forward(self, x, *args, routing: _Routing, **kwargs):
-    """A PEFT LoRA Linear's forward for a packed row of several cells: one base GEMM over every token, then each
-    cell's span gets its own adapter's update in a GEMM epilogue (addmm), as train_lora's fused forward does."""
+    """A PEFT LoRA Linear's forward for a packed row of several cells: one base GEMM over every token, plus each
+    token's own cell's update. The cells' A and B are stacked (A: all ranks x in, B scaled: out x all ranks) so the
+    update is three kernels whatever the number of cells: h = x A^T for every token and every cell's rank, h masked
+    to the token's own cell, then addmm(base, h, B^T) in the GEMM epilogue. The other cells' columns cost FLOPs
+    (2 x tokens x ranks x (in + out), small beside the base GEMM) but no kernel launches; they are exact zeros, so
+    each cell's output and gradients are its own. One cell: train_lora's fused forward."""
     import torch
     import torch.nn.functional as F
 
     autocast = torch.is_autocast_enabled(x.device.type)
     result = self.base_layer(x, *args, **kwargs)
-    sizes = [hi - lo for _, lo, hi in routing.spans]
-    # split, not slicing: the backward of a slice writes a zero-filled gradient of the whole activation per cell
-    # (seen on the H200: 8 cells' passes held 62 GiB), split's backward is one concatenation.
-    xs_all = x.reshape(-1, x.shape[-1]).split(sizes)
-    base_all = result.reshape(-1, result.shape[-1]).split(sizes)
-    pieces = []
-    for (name, _, _), xs, base in zip(routing.spans, xs_all, base_all, strict=True):
-        a, b = self.lora_A[name].weight, self.lora_B[name].weight
-        if not autocast:
-            xs, base = xs.to(a.dtype), base.to(a.dtype)
-        pieces.append(torch.addmm(base, F.linear(xs, a), b.t(), alpha=self.scaling[name]).to(result.dtype))
-    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-    return out.view(result.shape)
+    flat_x = x.reshape(-1, x.shape[-1])
+    flat = result.reshape(-1, result.shape[-1])
+    names = [name for name, _, _ in routing.spans]
+    if len(names) == 1:
+        a, b = self.lora_A[names[0]].weight, self.lora_B[names[0]].weight
+        scale = self.scaling[names[0]]
+    else:
+        a = torch.cat([self.lora_A[n].weight for n in names])
+        b = torch.cat([self.lora_B[n].weight * self.scaling[n] for n in names], dim=1)
+        scale = 1.0
+    if not autocast:
+        flat_x, flat = flat_x.to(a.dtype), flat.to(a.dtype)
+    h = F.linear(flat_x, a)
+    if len(names) > 1:
+        h = h * routing.mask(h)
+    return torch.addmm(flat, h, b.t(), alpha=scale).to(result.dtype).view(result.shape)
 
 
 def _lm_head_loss_sum(hidden, weight, labels):
@@ -194,12 +220,12 @@ def _forwards(pieces: list[tuple[int, list[Tokenized]]], budget: int | None) -> 
 
 
 def forward_budget(recipes: list[Recipe]) -> int:
-    """Tokens one shared pass may hold: the recipes' max_batch_tokens (the memory plan's figure), and never less
-    than the largest micro-batch one of them has alone. So shared passes never need more memory than training the
-    largest cell alone."""
+    """Tokens one shared pass may hold: the largest max_batch_tokens of the recipes (a statement about the GPU the
+    job's cells share, which the memory plan counts), and never less than the largest micro-batch one of them has
+    alone. Without any max_batch_tokens, shared passes never need more memory than the largest cell alone."""
     pieces = [split_batch(r.batch_size, r.grad_accum, longest, r.max_batch_tokens)[0] * longest
               for r in recipes for longest in [max(len(x.input_ids) for x in r.rows)]]
-    return max(min((r.max_batch_tokens for r in recipes if r.max_batch_tokens), default=0), max(pieces))
+    return max(max((r.max_batch_tokens or 0 for r in recipes), default=0), max(pieces))
 
 
 def cells_per_pass(recipes: list[Recipe]) -> float:
@@ -236,7 +262,8 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
     peak = _DevicePeak() if on_gpu else None
     model = None
     layers = []
-    routing = _Routing()
+    routing = _Routing({name: r.rank for name, r in zip(names, recipes, strict=True)})
+    passes = pieces_run = 0
     try:
         for name, r in zip(names, recipes, strict=True):
             target = [m.strip() for m in r.target_modules.split(",")]
@@ -287,7 +314,8 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
                 round_ = [(i, [recipes[i].rows[j] for j in plans[i][k][m]]) for i in live if m < len(plans[i][k])]
                 for group in _forwards(round_, budget):
                     inputs, labels, spans = _packed([(names[i], rows) for i, rows in group], device)
-                    routing.spans = spans
+                    routing.set(spans)
+                    passes, pieces_run = passes + 1, pieces_run + len(spans)
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         hidden = backbone(**inputs, use_cache=False).last_hidden_state[0]
                         loss = hidden.new_zeros((), dtype=torch.float32)
@@ -345,7 +373,8 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             peak_memory_gb=device_gb, peak_allocated_gb=allocated_gb, micro_batch=micro, grad_accum=accum,
             options={"bf16": bf16, "padding_free": True, "varlen_attention": bool(varlen_attention),
                      "fused_lora": True, "compile": bool(compile_layers), "liger": False, "together": len(recipes),
-                     "together_seconds": seconds, "max_batch_tokens": budget},
+                     "together_seconds": seconds, "max_batch_tokens": budget,
+                     "cells_per_pass": pieces_run / max(1, passes)},
         )
         (r.out_dir / "train_report.json").write_text(json.dumps(asdict(report), indent=1))
         reports.append(report)

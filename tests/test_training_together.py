@@ -39,8 +39,9 @@ def _examples(n: int, shift: int = 0) -> list[Example]:
 
 # Cells that differ as a job's cells may: seed, loss mask, data, learning rate, epochs, batch cut into micro-batches
 # (max_batch_tokens forces gradient accumulation), LoRA rank, and a warm-up.
+# A pass holds up to 1,000 tokens: the three cells' micro-batches (<= 4 x 90, 4 x 90, 2 x 90 tokens) share passes.
 CELLS = [
-    dict(config=_config(), examples=_examples(10), whole_answer=True, seed=3),
+    dict(config=_config(max_batch_tokens=1000), examples=_examples(10), whole_answer=True, seed=3),
     dict(config=_config(learning_rate=2e-3, epochs=3), examples=_examples(9, 1), whole_answer=False, seed=5),
     dict(config=_config(max_batch_tokens=256, warmup_ratio=0.3), examples=_examples(8, 2), whole_answer=True, seed=7),
 ]
@@ -94,6 +95,7 @@ def test_each_cell_matches_training_alone(runs):
         assert config_together == config_alone, f"cell {i}: adapter_config.json differs"
         assert (root / f"together{i}" / "train_report.json").exists()
     assert together[2].grad_accum > 1, "the third cell must exercise gradient accumulation"
+    assert together[0].options["cells_per_pass"] > 1.5, "the cells must share passes"
     assert {t.steps for t in together} == {6, 9, 4}, "the cells must run different numbers of steps"
 
 
