@@ -64,7 +64,7 @@ H200_TRAIN = {
 }
 # A GPU job's short (A0B0) cells trained together (eps_screen.job.training): 8 full-size cells in shared passes,
 # read from the committed result file. Longer conditions fill a pass with one cell's micro-batch and train alone.
-TOGETHER_RESULT = "gpu_together_h200_run2.json"
+TOGETHER_RESULT = "gpu_together_h200_run3.json"
 TOGETHER_CELLS = 8
 
 

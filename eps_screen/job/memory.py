@@ -8,7 +8,7 @@ activations and a KV cache sized to what is left. Figures measured on the H200 (
 - the sleeping engine: 14.3 GiB in use beside a 13.5 GiB base, so ~0.8 GiB of its own
   (benchmarks/results/gpu_job_h200.json's log); CUDA graphs 1.2 GiB and activations 2.2 GiB when awake.
 - cells trained together (a job's A0B0 cells in shared passes): ~5.9 MB per token of a pass, eager, and ~1.2 GiB of
-  LoRA weights, gradients and AdamW state per cell at r=32 (benchmarks/results/gpu_together_h200_run2.json).
+  LoRA weights, gradients and AdamW state per cell at r=32 (benchmarks/results/gpu_together_h200_run2.json, _run3).
 Both scale with the parameter count from the 7.6B measurements. They count allocated memory: the driver shows up to
 ~50% more during training, the allocator's cache, which it hands back before an out-of-memory error (BENCHMARKS.md,
 "GPU memory as the device holds it").
@@ -43,7 +43,8 @@ SLEEPING_ENGINE_GIB = 0.8
 AWAKE_OVERHEAD_GIB = 3.4  # CUDA graphs + the engine's activation peak
 # Cells trained together (eps_screen.training_together, eager): activations per token of a shared pass, and each
 # cell's LoRA weights, gradients and AdamW state (16 bytes per fp32 parameter; 80.7M parameters at r=32 on the 7B
-# shape). 8 A0B0 cells, 6,374 tokens a pass: 61.6 GiB allocated (benchmarks/results/gpu_together_h200_run2.json).
+# shape). 8 A0B0 cells, 6,374 tokens a pass: 61.6 and 62.0 GiB allocated (benchmarks/results/gpu_together_h200_run2.json,
+# _run3.json).
 TOGETHER_GIB_PER_TOKEN = 5.9e-3
 ADAPTER_STATE_GIB_R32 = 1.2
 MIN_KV_GIB = 8.0  # below this vLLM decodes too few sequences at once to be worth its start
