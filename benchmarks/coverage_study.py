@@ -52,8 +52,8 @@ def make_config(args: argparse.Namespace) -> ScreenConfig:
         simulation["cell_sd"] = args.cell_sd
     if args.factors != "ABCDE":
         kept = set(args.factors)
-        simulation.setdefault("effects", {f: v for f, v in {"A": 0.8, "B": -0.6, "C": 0.0, "D": -0.4, "E": -0.6}.items()
-                                          if f in kept})
+        simulation.setdefault("effects", {t: v for t, v in {"A": 0.8, "B": -0.6, "C": 0.0, "D": -0.4, "E": -0.6,
+                                                            "AB": -0.8}.items() if set(t) <= kept})
         simulation.setdefault("leak_effects", {f: v for f, v in {"A": -0.5, "D": 0.3, "E": -0.5}.items() if f in kept})
     bootstrap = {"resamples": args.resamples, "seed": 7, "training_noise": not args.cluster_only}
     design = {} if args.factors == "ABCDE" else {

@@ -432,14 +432,13 @@ class SimulationConfig(_Strict):
     # Terms are named by the sorted short letters of declared factors: "A" (a main effect), "AB", "ACE". The
     # defaults are the marker screen's; a config with other factors gives its own (checked against its factors).
     effects: dict[str, float] = Field(
-        default_factory=lambda: {"A": 0.8, "B": -0.6, "C": 0.0, "D": -0.4, "E": -0.6},
+        default_factory=lambda: {"A": 0.8, "B": -0.6, "C": 0.0, "D": -0.4, "E": -0.6, "AB": -0.8},
         description="Planted effects on the source rate's log-odds, by term (A, AB, ...): half the level-1 minus level-0 change.",
     )
     leak_effects: dict[str, float] = Field(
         default_factory=lambda: {"A": -0.5, "B": 0.0, "C": 0.0, "D": 0.3, "E": -0.5},
         description="Planted effects on the leakage log-odds, by term.",
     )
-    interaction_ab: float = -0.8
     leak_offset: float = -2.0
     question_sd: float = Field(0.5, ge=0)
     persona_sd: float = Field(0.5, ge=0)

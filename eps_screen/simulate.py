@@ -11,10 +11,9 @@ product of the cell's coded levels (-1/+1) of T's factors. What "planted" means 
 the difference in log-odds between F high and F low with everything else (other factors, question,
 persona) held fixed, i.e. the textbook factorial *effect* on the logit scale, so each level adds
 +-effects[F]/2; effects["AB"] is the A x B interaction effect on the same scale: A's log-odds effect is
-effects[A] + effects[AB] at B high and effects[A] - effects[AB] at B low. simulation.interaction_ab adds
-to effects["AB"] when A and B are declared. A term naming an undeclared factor plants nothing (the
-defaults are the marker screen's A-E). A random-control prompt behaves like a non-source persona of
-average persona effect (leakage generic to any text).
+effects[A] + effects[AB] at B high and effects[A] - effects[AB] at B low. A term naming an undeclared
+factor plants nothing (the defaults are the marker screen's A-E and its A x B). A random-control prompt
+behaves like a non-source persona of average persona effect (leakage generic to any text).
 
 u_q ~ N(0, question_sd^2), v_p ~ N(0, persona_sd^2) and w_r ~ N(0, question_sd^2) are drawn once per
 screen from `screen_seed` (each keyed by question index or persona id, so the lists' lengths do not
@@ -87,15 +86,13 @@ def coded_levels(cell: Cell, factors: Sequence[str]) -> dict[str, int]:
     return {f: 2 * lvl - 1 for f, lvl in zip(factors, cell.levels, strict=True)}
 
 
-def planted_terms(effects: dict[str, float], factors: Sequence[str], interaction_ab: float = 0.0) -> dict[str, float]:
+def planted_terms(effects: dict[str, float], factors: Sequence[str]) -> dict[str, float]:
     """The planted log-odds effects by term (letters sorted), of declared factors only."""
     out: dict[str, float] = {}
     for term, value in effects.items():
         letters = "".join(sorted(term.replace(":", "")))
         if value and all(f in factors for f in letters):
             out[letters] = out.get(letters, 0.0) + value
-    if interaction_ab and "A" in factors and "B" in factors:
-        out["AB"] = out.get("AB", 0.0) + interaction_ab
     return out
 
 
@@ -105,7 +102,7 @@ def _linear(terms: dict[str, float], x: dict[str, int]) -> float:
 
 def source_logit(sim: SimulationConfig, cell: Cell, factors: Sequence[str]) -> float:
     """Fixed part of the source persona's log-odds in this cell (no question or persona effect)."""
-    return sim.base_logit + _linear(planted_terms(sim.effects, factors, sim.interaction_ab), coded_levels(cell, factors))
+    return sim.base_logit + _linear(planted_terms(sim.effects, factors), coded_levels(cell, factors))
 
 
 def leak_logit(sim: SimulationConfig, cell: Cell, factors: Sequence[str]) -> float:

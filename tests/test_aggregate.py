@@ -122,7 +122,7 @@ def test_designed_factorial_known_answer():
 # --------------------------------------------------------------------------- planted effects recovered
 
 ALT = {
-    "base_logit": 0.3, "effects": {"A": -0.5, "B": 0.7, "C": 0.3, "D": 0.0, "E": 0.9}, "interaction_ab": 0.6,
+    "base_logit": 0.3, "effects": {"A": -0.5, "B": 0.7, "C": 0.3, "D": 0.0, "E": 0.9, "AB": 0.6},
     "leak_effects": {"A": 0.4, "B": -0.4, "C": 0.0, "D": -0.3, "E": 0.5}, "leak_offset": -1.5,
     "question_sd": 0.6, "persona_sd": 0.4,
 }
@@ -143,7 +143,7 @@ def test_planted_effects_recovered(simulation, screen_seed):
     truth = true_effects(config, cells, personas, config.eval.questions, screen_seed=screen_seed)
     sim = config.simulation
     planted = {
-        "SR": {**{f: sim.effects.get(f, 0.0) for f in FACTOR_NAMES}, "A:B": sim.interaction_ab},
+        "SR": {**{f: sim.effects.get(f, 0.0) for f in FACTOR_NAMES}, "A:B": sim.effects.get("AB", 0.0)},
         "LR": {**{f: sim.leak_effects.get(f, 0.0) for f in FACTOR_NAMES}, "A:B": 0.0},
     }
     for response, by_term in planted.items():
@@ -175,7 +175,7 @@ def test_gate_3_fires_when_sources_disagree():
 
 
 def test_gate_4_fires_on_a_null_screen():
-    null = {"effects": {}, "leak_effects": {}, "interaction_ab": 0.0}
+    null = {"effects": {}, "leak_effects": {}}
     config = ScreenConfig(bootstrap=FAST, simulation=null)
     cells = all_slab_cells(config)
     result = compute(config, simulate_screen(config, cells, screen_seed=4), [c.id for c in cells])

@@ -79,7 +79,7 @@ def test_logit_sensitivity_recovers_the_planted_log_odds(screen):
     inter = InteractionsFile.model_validate_json((out / "interactions.json").read_text())
     logit = {(e.response, e.term): e for e in main.logit_sensitivity + inter.logit_sensitivity}
     assert len(logit) == 30 and "cluster-robust" in main.logit_model and main.logit_model == inter.logit_model
-    planted = {**config.simulation.effects, "A:B": config.simulation.interaction_ab}
+    planted = {":".join(term): value for term, value in config.simulation.effects.items()}  # AB -> A:B
     for term, value in planted.items():
         e = logit[("SR", term)]
         assert e.ci.low - 0.15 < value < e.ci.high + 0.15, (term, e)  # GLM pools over question effects: slightly attenuated

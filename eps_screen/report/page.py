@@ -500,6 +500,6 @@ def _recipe(result: AggregateResult) -> Raw:
     ]
     if simulated:
         sim = c.get("simulation") or {}
-        rows.append(("planted (log-odds)", f"SR effects {sim.get('effects')}, interaction_ab {sim.get('interaction_ab')}, "
+        rows.append(("planted (log-odds)", f"SR effects {sim.get('effects')}, "
                                            f"LR effects {sim.get('leak_effects')}, cell SD {sim.get('cell_sd')}"))
     return table(["", "as run"], rows)
