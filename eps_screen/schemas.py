@@ -56,10 +56,14 @@ class BootstrapScheme(_Model):
     n_personas: int
     training_sd: dict[str, float | None] = Field(
         default_factory=dict,
-        description="Per response: the estimated per-cell training-run SD on the log-odds scale that every resample "
-        "carries (null: not estimable, left out); empty when bootstrap.training_noise is off.",
+        description="Keyed by response and source ('SR librarian', 'LR surgeon'): the estimated per-cell training-run "
+        "SD on the log-odds scale that the resamples of that source's cells carry (null: not estimable, left out, and "
+        "the page says the CIs omit it); empty when bootstrap.training_noise is off.",
     )
-    training_df: dict[str, int] = Field(default_factory=dict, description="Residual degrees of freedom behind training_sd.")
+    training_df: dict[str, int] = Field(
+        default_factory=dict,
+        description="Keyed as training_sd: the noise contrasts each SD rests on (residual high-order contrasts kept "
+        "after screening out real effects, plus seed-replicate contrasts).")
 
     @field_validator("training_sd", mode="before")
     @classmethod
@@ -240,11 +244,12 @@ class PredictionOutcome(_Model):
 
 
 class GroupMean(_Model):
-    """Mean response over the cells of one (A, B) combination, averaged over sources (interaction plot)."""
+    """Mean response over the cells of one level combination of the first pre-registered pair X:Y (the marker
+    screen's A:B), averaged over sources (interaction plot)."""
 
     response: Response
-    A: int
-    B: int
+    A: int = Field(description="The level (0 or 1) of X, the first factor of the first pre-registered pair.")
+    B: int = Field(description="The level (0 or 1) of Y, its second factor.")
     mean: float | None
     ci: Interval
 
