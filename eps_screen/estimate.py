@@ -192,14 +192,14 @@ def generate_rows(config: ScreenConfig, a: int) -> int:
 
 
 def _dispatch_groups(config: ScreenConfig, n_smoke: int, n_multi: int) -> list[int]:
-    """Cells of each dispatch of a screen, as tasks/dispatch.py sends them: the smoke cells, each source's slab
+    """Cells of each dispatch of a screen, as flows/runtime/dispatch.py sends them: the smoke cells, each source's slab
     without its smoke cells, the multi-seed cells (the pre-screen is a job of its own)."""
     slab_sizes = [32 - (n_smoke if source == config.smoke else 0) for source in config.sources]
     return [n_smoke, *slab_sizes, n_multi]
 
 
 def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int, cells_per_job: int | None = None) -> int:
-    """GPU jobs (pod or process start-ups) the screen dispatches, as tasks/dispatch.py groups them."""
+    """GPU jobs (pod or process start-ups) the screen dispatches, as flows/runtime/dispatch.py groups them."""
     ex = config.execution
     per_job = cells_per_job or ex.cells_per_job
 

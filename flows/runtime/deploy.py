@@ -189,7 +189,7 @@ def deploy(console, *, pools: list[str] | None = None, gpus: int | None = None, 
             step = bar.add_task(f"work pool {name}")
             if worker_class(spec.type) is None:
                 console.print(f"[yellow]skip[/] work pool {name}: worker type {spec.type!r} is not installed "
-                              f"(pip install -e . registers `runpod`)")
+                              f"(pip install -e ./infra registers `runpod`)")
             else:
                 try:
                     console.print(f"[green]ok[/]   work pool {name}: {apply_pool(client, spec, gpus)}")

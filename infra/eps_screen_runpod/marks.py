@@ -2,7 +2,7 @@
 
 A state alone is not enough: a pod's dying process can still write Failed over the worker's Crashed
 (issue 11: a cell lost that way). Labels are set before the worker touches the pod, and nothing in the pod
-writes them, so dispatch (tasks/dispatch.py) reads them from the run whatever its final state says.
+writes them, so dispatch (flows/runtime/recovery.py) reads them from the run whatever its final state says.
 """
 
 from __future__ import annotations

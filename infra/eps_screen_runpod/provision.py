@@ -25,7 +25,7 @@ SCRIPT_PATH = "/tmp/prefect-flow-run.sh"
 class ProvisioningFailed(RuntimeError):
     """No offer deployed. `permanent` when every offer failed for a reason that waiting cannot fix (a missing or
     rejected key, an unknown GPU type, a request RunPod refuses, e.g. the image): retrying such a job only repeats
-    the failure, so the worker fails the run at once and dispatch stops the screen (tasks/dispatch.py)."""
+    the failure, so the worker fails the run at once and dispatch stops the screen (flows/runtime/dispatch.py)."""
 
     def __init__(self, skips: list[str], permanent: list[str] | None = None):
         self.skips = skips
