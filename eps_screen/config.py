@@ -13,11 +13,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     StringConstraints,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -118,11 +121,48 @@ class OffPolicyConfig(_Strict):
 Scalar = bool | int | float | str
 
 
+def _sets_from_pairs(value: Any) -> Any:
+    """A level's settings as the UI's form writes them, [{path, value}, ...], read as the mapping a YAML file writes."""
+    if not isinstance(value, list):
+        return value
+    pairs: dict[str, Any] = {}
+    for i, item in enumerate(value):
+        if not (isinstance(item, dict) and set(item) == {"path", "value"}):
+            raise ValueError(f"sets[{i}]: give {{path: a.dotted.field, value: ...}}, or write sets as a mapping, e.g."
+                             " {lora.rank: 8}")
+        if item["path"] in pairs:
+            raise ValueError(f"sets: {item['path']} is set twice; set each field once")
+        pairs[item["path"]] = item["value"]
+    return pairs
+
+
+def _sets_as_pairs(sets: dict[str, Scalar]) -> list[dict[str, Scalar]]:
+    return [{"path": path, "value": value} for path, value in sets.items()]
+
+
+# The Prefect UI's form cannot render a free-form mapping (an object of additionalProperties only): in JSON (the
+# flow's parameter schema, a submitted config, the store's screen.json) a level's settings are a list of fixed-field
+# {path, value} pairs. In Python and in YAML they stay a mapping, {lora.rank: 8}; either shape is read.
+Settings = Annotated[
+    dict[str, Scalar],
+    BeforeValidator(_sets_from_pairs),
+    PlainSerializer(_sets_as_pairs, return_type=list, when_used="json"),
+    WithJsonSchema({"type": "array", "items": {
+        "type": "object", "title": "Setting", "additionalProperties": False, "required": ["path", "value"],
+        "properties": {
+            "path": {"type": "string", "minLength": 1, "title": "Path",
+                     "description": "A config field by its dotted path, e.g. lora.rank or training.learning_rate."},
+            "value": {"title": "Value", "description": "The value this level gives it.",
+                      "anyOf": [{"type": "boolean"}, {"type": "integer"}, {"type": "number"}, {"type": "string"}]},
+        }}}),
+]
+
+
 class Level(_Strict):
     """One level of a factor: what it means, and what it does (config fields it sets, or a built-in treatment)."""
 
     description: NonEmpty = Field(description="What this level means, in plain English (shown on the report).")
-    sets: dict[str, Scalar] | None = Field(
+    sets: Settings | None = Field(
         None, description="Config fields this level sets, by dotted path (lora.rank: 8, training.learning_rate: 1e-4).")
     treatment: NonEmpty | None = Field(
         None, description="A built-in treatment instead (eps_screen/treatments.py), e.g. long_system_prompt.")
