@@ -1,4 +1,5 @@
-"""`eps-screen design CONFIG`: a phase's cells and, for the smoke fraction, its alias structure (no Prefect)."""
+"""`eps-screen design CONFIG`: the designs a config declares, phase by phase: cells, generators, defining relation,
+resolution and alias structure (no Prefect)."""
 
 from __future__ import annotations
 

@@ -34,11 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --submit: return once the run is submitted (default: off, watch until it ends)")
     r.set_defaults(module="run")
 
-    d = sub.add_parser("design", help="list a phase's cells and, for the smoke fraction, its alias structure")
+    d = sub.add_parser("design", help="a config's designs: each phase's cells, generators, defining relation, "
+                                      "resolution and alias structure")
     d.add_argument("config", help=f"{CONFIG_HELP} (required)")
     d.add_argument("--phase", choices=["smoke", "slab", "multiseed", "all"], default="all",
-                   help="which phase's cells to list: smoke (the 2^(5-2) fraction), slab (32 cells per source), "
-                        "multiseed (the re-run at extra seeds) or all (default: all)")
+                   help="which phase to list: smoke (the smoke fraction, design.smoke), slab (each source's design, "
+                        "design.slab), multiseed (the re-run at extra seeds) or all (default: all)")
     d.add_argument("--json", action="store_true", help="print JSON instead of text (default: off, text)")
     d.set_defaults(module="design")
 
