@@ -1,9 +1,10 @@
 """Several cells' LoRA adapters trained in the same forward and backward passes over one frozen base.
 
 Multi-LoRA training systems (mLoRA/ASPEN, LoRAFusion) share the base model's matrix products among adapters; this
-module does it for a GPU job's cells, which share the base. Each micro-batch of the packed (padding-free) row holds
-examples of several cells side by side, and every LoRA layer adds each token span its own cell's update
-(x_c A_c^T B_c^T * scale_c) to the one base GEMM over all tokens. Each cell keeps what it would have alone:
+module does it for a GPU job's cells, which share the base. Each packed (padding-free) row holds micro-batches of
+several cells side by side, and every LoRA layer adds to the one base GEMM over all tokens each token's own cell's
+update (x A_c^T B_c^T * scale_c), through the cells' stacked adapters (_routed_forward). Each cell keeps what it
+would have alone:
 - its own batches, in its own order: the order TRL's trainer gives it (per epoch a permutation of the examples
   from torch.Generator seeded with seed + epoch, accelerate's SeedableRandomSampler, cut into micro-batches and
   optimizer steps as eps_screen.training.split_batch cuts them);
