@@ -141,3 +141,15 @@ def test_job_plan_groups_short_cells_and_leaves_long_ones_alone(base, tmp_path):
     tight = _config(max_batch_tokens=4 * longest)  # one cell's micro-batch of 4 fills the pass
     groups, _ = plan(base.tokenizer, [CellTraining(tight, _examples(8, i), True, i, tmp_path / f"t{i}") for i in range(3)])
     assert groups == []
+
+
+def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
+    from eps_screen.job.training import CellTraining, train_cells
+
+    short = _config(max_batch_tokens=2048)
+    cells = [CellTraining(short, _examples(8, i), i == 0, i, tmp_path / f"s{i}") for i in range(2)]
+    cells.append(CellTraining(_config(packing=False), _examples(8), True, 9, tmp_path / "padded"))
+    reports = train_cells(base, cells)
+    assert [r.options.get("together") for r in reports] == [2, 2, None]
+    assert all((c.out_dir / "adapter_model.safetensors").exists() for c in cells)
+    assert not reports[2].options["padding_free"]
