@@ -9,6 +9,7 @@ from prefect.client.orchestration import get_client
 from eps_screen.aggregate import aggregate_stored
 from eps_screen.config import ScreenConfig
 from eps_screen.plan import make_plan
+from eps_screen.report.labels import level_words
 from eps_screen.report.serve import report_url
 from eps_screen.report.tldr import tldr
 from eps_screen.store import ResultStore, load_screen, screen_names
@@ -27,7 +28,10 @@ def aggregate(config: ScreenConfig) -> dict:
     total = make_plan(config).distinct_cells
     url = report_url(store.url, config.name)
     summary = {**summary, "url": url, "markdown": _summary_markdown(config, result, url, total)}
-    get_run_logger().info("aggregated %s: report %s", cells_of(result.metrics.coverage.present, total), url)
+    logger = get_run_logger()
+    logger.info("aggregated %s: report %s", cells_of(result.metrics.coverage.present, total), url)
+    for caveat in result.estimates.caveats:  # what the intervals leave out, said where the results are shown
+        logger.warning("%s", caveat)
     publish(config, summary)
     return summary
 
@@ -88,7 +92,8 @@ def cells_of(present: int, total: int) -> str:
 
 
 def _summary_markdown(config: ScreenConfig, result, url: str, total: int) -> str:
-    """The TL;DR, the gate table and the pooled main-effect table, with the report's link."""
+    """The TL;DR, the gate table, the declared factors (the values each level sets) and the pooled main-effect
+    table with what its intervals omit, with the report's link."""
     cov = result.metrics.coverage
     lines = [
         f"# Screen `{config.name}`: {cells_of(cov.present, total)}"
@@ -102,10 +107,15 @@ def _summary_markdown(config: ScreenConfig, result, url: str, total: int) -> str
     ]
     lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {_md_cell(g.reason)} |"
               for g in result.metrics.gates]
+    words = level_words(config)
+    lines += ["", "| factor | level 0 | level 1 |", "|---|---|---|"]
+    lines += [f"| {f.short} {_md_cell(f.label)} | {_md_cell(words[f.short][0])} | {_md_cell(words[f.short][1])} |"
+              for f in config.design.factors]
     lines += ["", "| effect (pooled over sources) | response | low -> high | Cohen's d [95% CI] |", "|---|---|---|---|"]
     pooled = [e for e in result.main_effects.effects if e.source == "pooled"]
     lines += [f"| {e.term} {_md_cell(e.label)} | {e.response} | {_pct(e.mean_low)} -> {_pct(e.mean_high)} | {_d(e)} |"
               for e in sorted(pooled, key=lambda e: (e.response, -abs(e.d or 0.0)))]
+    lines += [f"\n**Caveat.** {_md_cell(c)}" for c in result.estimates.caveats]
     lines += ["", f"Cells present: {cells_of(cov.present, total)} ({cov.expected} expected by the phases run so far)"]
     return "\n".join(lines)
 

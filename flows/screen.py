@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import polars as pl
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.futures import as_completed
@@ -26,6 +27,7 @@ from eps_screen.design import PRE_SCREEN_ID, Cell
 from eps_screen.plan import Plan, make_plan, multiseed_pick
 from eps_screen.presets import screen_name
 from eps_screen.provenance import provenance
+from eps_screen.stats import factorial_effects
 from eps_screen.store import ResultStore
 from flows.aggregate import aggregate, publish
 from flows.runtime.cell_pool import CellPool, open_cell_pool
@@ -37,13 +39,14 @@ from flows.runtime.workers import pool_problem
 from tasks.cells import cell_summary, cell_task, pre_screen_task, regime_task
 from tasks.gates import contamination_gate, cost_gate, judged_gate, smoke_gate
 
-PHASES = ("Each phase is a subflow (phase 0: pre-screen, phase 1: smoke, phase 2: slab SOURCE, phase 3: multi-seed, "
-          "phase 4: aggregation) and each kill criterion a task ("
+PHASES = ("Each phase is a subflow (phase 0: pre-screen, phase 1: smoke, phase 1b: fold-over when design.fold_over, "
+          "phase 2: slab SOURCE, phase 3: multi-seed, phase 4: aggregation) and each kill criterion a task ("
           + ", ".join(f"gate {n}: {gates.GATE_NAMES[n]}" for n in (1, 2, 3, 4, 5)) + "). Gates 1, 2 and 5 end their task "
           "and the screen Killed when they fire; gates 3 and 4, judged after the aggregation, flag it (Flagged). ")
 
 JOB_NAMES = (
-    "Cells are named <source>-A?B?C?D?E?-s<seed> (the level, 0 or 1, of each factor A-E, and the seed). On a GPU "
+    "Cells are named <source>-<factor><level>...-s<seed> (each declared factor's letter and its level, 0 or 1, in "
+    "the config's order, then the seed). On a GPU "
     "pool each `cell` run is a job of cells run in a row, named <first cell>[+<N more cells>]-a<attempt>: "
     "librarian-A0B1C0D1E0-s42+7-a1 is that cell and 7 more, resubmitted once (a0 is the first submission); "
     "`pre-screen` is phase 0's base-model sample."
@@ -107,7 +110,14 @@ class ScreenRun:
         progress.begin(f"phase 1: smoke ({len(design.smoke_cells(config))} cells)")
         _gate(smoke_gate(quote(config), quote(store), quote(self.smoke_phase()), return_state=True))
 
-        # Phase 2: all 32 cells of every source at the primary seed.
+        # Phase 1b (design.fold_over): the smoke fraction with every level flipped. With the smoke's cells, the main
+        # effects are clear of two-factor interactions, which the smoke fraction alone aliases with them.
+        folded = design.fold_over_cells(config)
+        if folded:
+            progress.begin(f"phase 1b: fold-over ({len(folded)} cells)")
+            self.fold_over_phase()
+
+        # Phase 2: every source's slab design (design.slab) at the primary seed.
         for source in config.sources:
             progress.begin(f"phase 2: slab {source}")
             self.slab_phase(source)
@@ -148,7 +158,7 @@ class ScreenRun:
 
     @flow(name="phase-1-smoke", flow_run_name="phase 1: smoke")
     def smoke_phase(self) -> dict[str, dict]:
-        """The 2^(5-2) smoke fraction on the first source; every cell must be in the store for gate 2."""
+        """The smoke fraction (design.smoke) on the smoke source; every cell must be in the store for gate 2."""
         cells = design.smoke_cells(self.config)
         done = self.cells(cells)
         missing = [c.id for c in cells if self.store.cell_metrics(self.config, c) is None]
@@ -156,9 +166,28 @@ class ScreenRun:
             raise Stopped(Failed(message=f"smoke cells ran but are not in the store {self.store.location}: {missing}"))
         return done
 
+    @flow(name="phase-1b-fold-over", flow_run_name="phase 1b: fold-over")
+    def fold_over_phase(self) -> dict[str, dict]:
+        """The smoke fraction's fold-over on the smoke source (slab cells: the slab finds them finished). Its record
+        keeps the main effects of smoke and fold-over together, each clear of the two-factor interactions."""
+        config, store = self.config, self.store
+        done = self.cells(design.fold_over_cells(config))
+        both = design.smoke_cells(config) + design.fold_over_cells(config)
+        metrics = [store.cell_metrics(config, c) for c in both]
+        missing = [c.id for c, m in zip(both, metrics, strict=True) if m is None]
+        if missing:  # a GPU pool that writes to a store this flow cannot read
+            raise Stopped(Failed(message=f"fold-over cells ran but are not in the store {store.location}: {missing}"))
+        effects = clear_main_effects(config, both, metrics)
+        store.save_phase("fold-over", {"cells": done, "design": f"{design.phases(config).smoke.describe()} and its "
+                                       f"fold-over, {len(both)} runs", "main_effects": effects})
+        get_run_logger().info("smoke + fold-over main effects on SR (clear of two-factor interactions): %s",
+                              ", ".join(f"{f} {e:+.3f}" for f, e in effects["SR"].items()))
+        return done
+
     @flow(name="phase-2-slab", flow_run_name="phase 2: slab {source}")
     def slab_phase(self, source: str) -> dict[str, dict]:
-        """All 32 cells of one source at the primary seed (its smoke cells are found finished)."""
+        """Every cell of one source's slab design at the primary seed (its smoke and fold-over cells are found
+        finished)."""
         slab = self.cells(design.slab_cells(self.config, source))
         self.store.save_phase(f"slab-{source}", {"source": source, "cells": slab})
         return slab
@@ -248,6 +277,14 @@ class ScreenRun:
             raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
         except DispatchStopped as stop:
             raise Stopped(Failed(message=str(stop))) from None
+
+
+def clear_main_effects(config: ScreenConfig, cells: list[Cell], metrics: list[dict]) -> dict[str, dict[str, float]]:
+    """{response: {factor: level-1 minus level-0 mean}} over a fraction and its fold-over (a resolution IV design)."""
+    table = pl.DataFrame([{**dict(zip(c.factors, c.levels, strict=True)), "SR": m["source_rate"], "LR": m["leakage"]}
+                          for c, m in zip(cells, metrics, strict=True)])
+    shorts = list(config.design.shorts)
+    return {r: factorial_effects(table, r, shorts).main_effects for r in ("SR", "LR")}
 
 
 # Gate tasks take their inputs quoted: Prefect 3.7 records a subflow's result passed to a task as an input of type

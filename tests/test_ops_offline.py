@@ -133,3 +133,61 @@ def test_progress_plain_lines_when_not_a_terminal(tmp_path):
 def test_progress_bar_on_a_terminal(tmp_path):
     out = progress_output(tmp_path, terminal=True)
     assert "\x1b" in out and "8/114" in out and "phase 2: slab librarian" in out
+
+
+# --- a screen of declared factors: the 2^(6-2) of sim-6-2.yaml with its fold-over ----------------------------------
+@pytest.fixture(scope="module")
+def declared_store(tmp_path_factory):
+    import yaml
+
+    from eps_screen import design, pipeline
+    from eps_screen.config import parse_config
+    from eps_screen.store import ResultStore
+    from tests.conftest import CONFIGS
+
+    root = tmp_path_factory.mktemp("declared-store")
+    data = yaml.safe_load((CONFIGS / "sim-6-2.yaml").read_text())
+    data["design"]["fold_over"] = True
+    data.update(store=str(root), eval={"personas": 4, "questions": 6, "samples": 2, "random_controls": 2},
+                bootstrap={"resamples": 200})
+    config = parse_config(data)
+    store = ResultStore.for_config(config)
+    store.save_screen({"config": config.model_dump(mode="json"), "provenance": {}})
+    pipeline.pre_screen(config, store)
+    for cell in design.all_slab_cells(config):  # the smoke's and the fold-over's cells are slab cells
+        pipeline.run_cell(config, cell, store)
+    return root, config, store
+
+
+def test_status_lists_the_declared_factors_and_the_fold_over(declared_store, no_server, capsys):
+    from flows.cli import main
+
+    root, config, _ = declared_store
+    assert main(["status", config.name, "--store", str(root), "--store-only", "--cells", "all"]) == 0
+    out = capsys.readouterr().out
+    assert ("factors A Learning rate, B LoRA rank, C Epochs, D Positives, E LoRA alpha, F Loss mask; slab 2^(6-2), "
+            "E=ABC, F=BCD, resolution IV; smoke 2^(6-3)") in out
+    assert "; fold-over 2^(6-3)" in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 3}
+    for row, cells in (("smoke", 8), ("fold-over", 8), ("slab librarian", 16), ("slab surgeon", 16),
+                       ("slab programmer", 16)):
+        assert rows[row].split("│")[2].strip() == str(cells), rows[row]
+    assert "librarian-A0B0C0D0E0F0-s42" in out and "todo" not in rows["slab librarian"]
+
+
+def test_the_summary_shows_the_values_set_and_what_the_cis_omit(declared_store):
+    from eps_screen.aggregate import aggregate_stored
+    from flows.aggregate import _summary_markdown
+
+    _, config, store = declared_store
+    _, result = aggregate_stored(config, store)
+    assert result.estimates.caveats == []  # the slab's two residual contrasts per source give the training noise
+    text = _summary_markdown(config, result, "http://127.0.0.1:8765/sim-6-2/", 48)
+    assert "| B LoRA rank | rank 8 (lora.rank = 8) | rank 32 (lora.rank = 32) |" in text
+    assert "| A Learning rate | 1e-5 (training.learning_rate = 1e-05) |" in text
+    assert "| F Loss mask |" in text and "Caveat" not in text
+    off = config.model_copy(update={"bootstrap": config.bootstrap.model_copy(update={"training_noise": False})})
+    _, result = aggregate_stored(off, store)
+    text = _summary_markdown(off, result, "http://127.0.0.1:8765/sim-6-2/", 48)
+    assert result.estimates.caveats and all(f"**Caveat.** {c}" in text for c in result.estimates.caveats)
+    assert "The CIs omit training-run noise" in text

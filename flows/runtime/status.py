@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eps_screen.config import ScreenConfig
+from eps_screen.design import phases
 from eps_screen.plan import phase_cells
 from eps_screen.store import ResultStore
 from flows.runtime.api import api_problem, api_url, ui_url
@@ -69,6 +70,8 @@ def store_status(config: ScreenConfig, store: ResultStore) -> ScreenStatus:
         cells = phase_cells(config, store)
         metrics = {c.id: store.cell_metrics(config, c) for phase in cells.values() for c in phase}
     phases: dict[str, list[str]] = {"smoke": [c.id for c in cells["smoke"]]}
+    if cells["fold_over"]:  # design.fold_over: the smoke fraction with every level flipped
+        phases["fold-over"] = [c.id for c in cells["fold_over"]]
     for source in config.sources:
         phases[f"slab {source}"] = [c.id for c in cells["slab"] if c.source == source]
     phases["multiseed"] = [c.id for c in cells["multiseed"]]
@@ -166,12 +169,22 @@ def render_gates(gates: list[dict], console, title: str = "gates") -> None:
     console.print(table)
 
 
+def design_line(config: ScreenConfig) -> str:
+    """The declared factors (cell ids spell their levels in this order) and each phase's design, in one line."""
+    d = phases(config)
+    designs = [f"slab {d.slab.describe()}", f"smoke {d.smoke.describe()}"]
+    designs += [f"fold-over {d.fold_over.describe()}"] if d.fold_over is not None else []
+    return ("factors " + ", ".join(f"{f.short} {f.label}" for f in config.design.factors) + "; "
+            + "; ".join(designs))
+
+
 def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
     from rich.markup import escape
     from rich.table import Table
 
     cfg = status.config
     console.print(f"[bold]screen {cfg.name}[/]  store {status.dir}  pool {cfg.execution.pool}")
+    console.print(escape(design_line(cfg)), soft_wrap=True)
     run = status.latest_run
     if run is not None:
         alive = process_alive(run)

@@ -29,6 +29,9 @@ def screen_phase(config: ScreenConfig, store: ResultStore, done: set[str], total
     smoke = [c.id for c in design.smoke_cells(config)]
     if not done.issuperset(smoke):
         return f"phase 1: smoke {len(done.intersection(smoke))}/{len(smoke)}"
+    folded = [c.id for c in design.fold_over_cells(config)]
+    if not done.issuperset(folded):
+        return f"phase 1b: fold-over {len(done.intersection(folded))}/{len(folded)}"
     for source in config.sources:
         slab = [c.id for c in design.slab_cells(config, source)]
         if not done.issuperset(slab):
