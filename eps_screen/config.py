@@ -385,6 +385,11 @@ class TrainingConfig(_Strict):
         None, ge=256,
         description="Cut each batch into micro-batches of at most this many tokens with gradient accumulation; same examples per step. 11000 fits a 7B cell in 80 GB.",
     )
+    together: bool = Field(
+        True,
+        description="Train a GPU job's short cells in shared passes over one base; measured faster on the H200 for"
+                    " A0B0 cells (BENCHMARKS.md).",
+    )
 
 
 class EvalConfig(_Strict):
@@ -514,10 +519,11 @@ class ExecutionConfig(_Strict):
                     " its finished cells return from the store.",
     )
     job_eval: Literal["per_cell", "per_job"] = Field(
-        "per_cell",
-        description="GPU jobs: per_cell evaluates each cell right after its training (a lost pod loses only its"
-                    " unfinished cell); per_job trains all of the job's cells, then evaluates their adapters in one"
-                    " multi-LoRA call. Equally fast on the H200 (BENCHMARKS.md, 'The GPU job').",
+        "per_job",
+        description="GPU jobs: per_job trains all of the job's cells (the short ones together, training.together),"
+                    " then evaluates their adapters in one multi-LoRA call; per_cell trains and evaluates each cell in"
+                    " turn, alone (a lost pod loses only its unfinished cell). Evaluation is equally fast either way"
+                    " on the H200 (BENCHMARKS.md, 'The GPU job'); training together is faster ('Cells trained together').",
     )
     engine_cache_dir: NonEmpty | None = Field(
         None,

@@ -20,6 +20,7 @@ from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
+from eps_screen.job.training import trains_together
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
@@ -75,13 +76,6 @@ def measured_run(file: str, **match) -> dict | None:
     if not path.is_file():
         return None
     return next((r for r in json.loads(path.read_text())["runs"] if all(r.get(k) == v for k, v in match.items())), None)
-
-
-def _trains_together(config: ScreenConfig) -> bool:
-    """Whether a job's A0B0 cells share passes (eps_screen.training_together.together_key, job.training)."""
-    t = config.training
-    return (bool(getattr(t, "together", True)) and t.packing and not t.gradient_checkpointing
-            and config.lora.dropout == 0 and t.epochs == int(t.epochs) and config.execution.cells_per_job > 1)
 
 
 H200_COMPILE_WARMUP_S = Figure(25, "s per process", _R + "gpu_train_h200_compile.json", "first A1B1 run minus steady")
@@ -282,7 +276,7 @@ def estimate(config: ScreenConfig) -> Estimate:
         notes += profile_notes
         train_rate = dict(H200_TRAIN[profile])
         together = measured_run(TOGETHER_RESULT, condition="A0B0", mode="together", cells=TOGETHER_CELLS)
-        if _trains_together(config) and together is not None:
+        if trains_together(config) and together is not None:
             train_rate["A0B0"] = Figure(round(together["tokens_per_s"]), "tokens/s", _R + TOGETHER_RESULT,
                                         f"{TOGETHER_CELLS} cells of a job in shared passes")
             if config.execution.cells_per_job < TOGETHER_CELLS:

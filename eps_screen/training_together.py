@@ -79,11 +79,16 @@ def recipe(tokenizer, config: ScreenConfig, examples: list[Example], whole_answe
     )
 
 
-def together_key(r: Recipe) -> tuple | None:
-    """Recipes with the same key can share passes; None: train it alone. Dropout would draw from one random stream
+def shares_passes(packing: bool, dropout: float, gradient_checkpointing: bool, epochs: float) -> bool:
+    """Whether a recipe of these settings can be trained in shared passes. Dropout would draw from one random stream
     for all cells (not the stream each has alone), padded batches and checkpointing are not implemented here, and a
     fractional epoch count is cut by TRL's max_steps logic, which this schedule does not repeat."""
-    if not r.packing or r.dropout > 0 or r.gradient_checkpointing or r.epochs != int(r.epochs):
+    return packing and dropout == 0 and not gradient_checkpointing and epochs == int(epochs)
+
+
+def together_key(r: Recipe) -> tuple | None:
+    """Recipes with the same key can share passes; None: train it alone (shares_passes says why)."""
+    if not shares_passes(r.packing, r.dropout, r.gradient_checkpointing, r.epochs):
         return None
     return (r.target_modules,)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eps_screen.config import ScreenConfig
+from eps_screen.job.training import trains_together
 from eps_screen.sequence_lengths import sequence_tokens
 
 # GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
@@ -96,7 +97,7 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
         batch_tokens = min(batch_tokens, max(t.max_batch_tokens, longest))
     train = weights + TRAIN_GIB_PER_TOKEN * scale * batch_tokens + SLEEPING_ENGINE_GIB + MARGIN_GIB
     cells = config.execution.cells_per_job
-    if cells > 1:  # the job's short (A0B0) cells share passes, up to the token budget (eps_screen.job.training)
+    if trains_together(config):  # the job's short (A0B0) cells share passes, up to the token budget
         short = 1.2 * sequence_tokens(config, 0, 0)[2]
         pass_tokens = cells * t.batch_size * short
         if t.max_batch_tokens:

@@ -5,8 +5,8 @@ that several fit one pass under the token budget are trained together. That is w
 H200 (BENCHMARKS.md, "Cells trained together"): 8 full-size A0B0 cells took 13.9 s each together against 30.1 s
 each alone (55.3 s for a process's first), since short cells are bound by optimizer steps, not by tokens. Long
 cells (one micro-batch fills the pass) gain nothing from it, and the compiled TRL path of train_lora was 15%
-faster for them: they train alone. Each cell brings its own config, so cells of one job may differ in what a
-factor sets; `training.together: false` (read with a default until config.py has it) trains every cell alone.
+faster for them: they train alone. Each cell brings its own resolved config, so cells of one job may differ in
+what a factor sets; `training.together: false` trains every cell alone.
 """
 
 from __future__ import annotations
@@ -16,18 +16,37 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
+from eps_screen.training_together import shares_passes
 
 # Together only where at least this many cells' micro-batches share a pass on average (1.0: nothing shared).
 MIN_CELLS_PER_PASS = 2.0
 
 
+def by_stage(config: ScreenConfig) -> bool:
+    """Whether pipeline.run_job runs a GPU job's cells by stage (every training, then one evaluation of all the
+    adapters): execution.job_eval per_job, real cells, and no factor on the base model (one engine serves the
+    job's adapters, one base trains them). Only by stage can cells share training passes."""
+    varies_model = any(p.startswith("model.") for f in config.design.factors for p in f.paths)
+    return not config.simulated and config.execution.job_eval == "per_job" and not varies_model
+
+
+def trains_together(config: ScreenConfig) -> bool:
+    """Whether a GPU job of this config trains cells in shared passes, as the estimate and the memory plan count
+    it: training.together, by stage, more than one cell a job, and settings that can share passes. Which of a
+    job's cells do is `plan`'s call (its A0B0 cells at qwen7b.yaml's sizes)."""
+    t = config.training
+    return (t.together and config.execution.cells_per_job > 1 and by_stage(config)
+            and shares_passes(t.packing, config.lora.dropout, t.gradient_checkpointing, t.epochs))
+
+
 @dataclass(frozen=True)
 class CellTraining:
-    config: ScreenConfig  # the cell's own config
+    config: ScreenConfig  # the cell's own resolved config
     examples: list[Example]
     whole_answer: bool
     seed: int
     out_dir: Path
+    name: str = ""  # the cell's id, recorded in the reports of the cells it shared passes with
 
 
 def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
@@ -38,7 +57,7 @@ def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
     by_key: dict[tuple, list[int]] = {}
     for i, (c, r) in enumerate(zip(cells, recipes, strict=True)):
         key = together_key(r)
-        if key is not None and getattr(c.config.training, "together", True):
+        if key is not None and c.config.training.together:
             by_key.setdefault((c.config.model.base, *key), []).append(i)
     groups = [g for g in by_key.values()
               if len(g) > 1 and cells_per_pass([recipes[i] for i in g]) >= MIN_CELLS_PER_PASS]
@@ -46,7 +65,8 @@ def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
 
 
 def train_cells(base, cells: list[CellTraining]) -> list:
-    """Every cell's adapter saved to its out_dir; returns their TrainReports in the order of `cells`."""
+    """Every cell's adapter saved to its out_dir; returns their TrainReports in the order of `cells`. A report of
+    cells trained together names the others in options["trained_with"]."""
     from eps_screen.training import train_lora
     from eps_screen.training_together import train_together
 
@@ -54,6 +74,7 @@ def train_cells(base, cells: list[CellTraining]) -> list:
     reports: list = [None] * len(cells)
     for group in groups:
         for i, rep in zip(group, train_together(base, [recipes[i] for i in group]), strict=True):
+            rep.options["trained_with"] = [cells[j].name or str(cells[j].out_dir) for j in group if j != i]
             reports[i] = rep
     for i, c in enumerate(cells):
         if reports[i] is None:
