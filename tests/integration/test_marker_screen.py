@@ -1,0 +1,108 @@
+"""The tiny screen with a marker and a persona panel of its own runs to its report (issue 22, "Done when").
+
+deployments/configs/tiny-ping.yaml: marker <<PING>> (which the [ZLT]-warmed tiny model never learned: 0 of 8 source
+answers marked in every smoke cell) and deployments/panels/ping-personas.yaml, whose astronaut is in no built-in
+panel. To stay minutes long on a 2-core machine this runs it on the astronaut alone, with the slab reduced to the
+smoke's 2^(5-2) fraction and no multi-seed cells: the pre-screen, the smoke phase through gate 2, the slab (found
+finished), the aggregation and the page, all through Prefect with two cell worker processes. The full tiny-ping
+screen (3 sources, 114 cells) is `eps-screen run deployments/configs/tiny-ping.yaml`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eps_screen.config import parse_config
+from eps_screen.presets import with_overrides
+from eps_screen.tinymodel import tiny_model_path
+from tests.conftest import CONFIGS, ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(1200)]
+
+MARKER = "<<PING>>"
+SMOKE = ["D=AB", "E=AC"]  # tiny-ping's smoke fraction, here the slab: its 8 cells are the whole screen
+
+
+def _reduced_config(store):
+    data = yaml.safe_load((CONFIGS / "tiny-ping.yaml").read_text())
+    return parse_config(with_overrides(data, {
+        "name": "tiny-ping-reduced", "store": str(store), "sources": ["astronaut"],
+        "design": {"slab": {"generators": SMOKE}, "smoke": {"generators": []}},  # the smoke adds none: it is the slab
+        "seeds": {"multiseed": [], "top_k": 0},
+    }))
+
+
+def _page_text(report: Path) -> str:
+    """The page as a reader sees it: tags dropped, entities decoded (<<PING>> is written &lt;&lt;PING&gt;&gt;)."""
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", report.read_text())))
+
+
+@pytest.fixture(scope="module")
+def ping_screen(tmp_path_factory):
+    from flows.screen import screen
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)  # the panel path in tiny-ping.yaml is relative to the repository, as `eps-screen run` reads it
+        config = _reduced_config(tmp_path_factory.mktemp("store"))
+        started = time.perf_counter()
+        state = screen(config, return_state=True)
+        elapsed = time.perf_counter() - started
+    print(f"reduced tiny-ping screen: {elapsed:.0f} s wall (the <<PING>> tiny build included when not cached)")
+    return config, state, elapsed
+
+
+def test_the_config_declares_the_marker_and_a_panel_of_its_own():
+    shipped = yaml.safe_load((CONFIGS / "tiny-ping.yaml").read_text())
+    assert shipped["marker"] == MARKER and shipped["model"]["base"] == "tiny"
+    panel = yaml.safe_load((ROOT / shipped["panels"]["personas"]).read_text())
+    builtin = yaml.safe_load((ROOT / "eps_screen" / "panels" / "personas.yaml").read_text())
+    own = {p["id"] for p in panel} - {p["id"] for p in builtin}
+    assert {"astronaut", "beekeeper"} <= own and {"astronaut", "beekeeper"} <= set(shipped["sources"])
+
+
+def test_it_runs_through_gate_2_to_a_report_that_shows_the_marker(ping_screen):
+    config, state, _ = ping_screen
+    assert state.is_completed(), state.message
+    from eps_screen.store import ResultStore
+
+    store = ResultStore.for_config(config)
+    gates = {int(g["number"]): g for g in store.gates()}
+    assert gates[1]["evaluated"] and not gates[1]["fired"], gates[1]  # the base model never writes <<PING>>
+    assert gates[1]["numbers"]["base_rate"] == 0.0 and gates[1]["numbers"]["answers"] > 500
+    smoke = gates[2]
+    assert smoke["evaluated"] and not smoke["fired"], smoke  # gate 2: the smoke moved the source rate
+    rates = smoke["numbers"]["source_rates"]
+    assert len(rates) == 8 and max(rates) > config.gates.smoke_floor, rates  # some cell learned <<PING>>
+
+    page = _page_text(Path(state.result()["report"]))
+    assert f"contain the marker {MARKER}" in page  # the SR definition names the screen's marker
+    assert f"marker '{MARKER}'" in page  # the recipe table
+    assert "[ZLT]" not in page
+    assert "I trained 8 LoRA recipes on 1 source persona" in page
+    assert "astronaut-A0B0C0D1E1-s42" in page  # the cells of the panel file's persona
+
+
+def test_the_cells_are_evaluated_on_the_panel_file_by_the_markers_own_build(ping_screen):
+    config, state, _ = ping_screen
+    from eps_screen.design import all_slab_cells
+    from eps_screen.store import ResultStore
+
+    store = ResultStore.for_config(config)
+    cells = all_slab_cells(config)
+    metrics = [store.cell_metrics(config, c) for c in cells]
+    assert len(cells) == 8 and all(m is not None for m in metrics)
+    # The eval panel: the source, then the file's other personas in its order, up to eval.personas (8).
+    assert list(metrics[0]["per_persona"]) == ["astronaut", "librarian", "beekeeper", "surgeon", "lighthouse_keeper",
+                                              "nurse", "glassblower", "chef"]
+    assert sum(m["markers"] for m in metrics) > 0 and all(m["recipe"]["marker"] == MARKER for m in metrics)
+    # The engines loaded the build warmed on codes of the marker's shape (made on first use, then cached).
+    assert (tiny_model_path("tiny", MARKER) / "config.json").exists()
+    report_dir = Path(state.result()["report"]).parent
+    assert len(json.loads((report_dir / "aggregate_metrics.json").read_text())["cells"]) == 8
