@@ -21,8 +21,16 @@ import polars as pl
 
 from eps_screen import data
 from eps_screen.config import ScreenConfig
-from eps_screen.design import (Cell, Recipe, Regime, pre_screen_conditions, recipe, recipe_at, regime_of,
-                               regime_recipe)
+from eps_screen.design import (
+    Cell,
+    Recipe,
+    Regime,
+    pre_screen_conditions,
+    recipe,
+    recipe_at,
+    regime_of,
+    regime_recipe,
+)
 from eps_screen.generation import GenerationParams
 from eps_screen.job import engines
 from eps_screen.job.training import CellTraining, by_stage, train_cells
@@ -83,7 +91,7 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, tra
     store_key = regime_key(base_config, regime)
     answers = []
     sample_of: dict[tuple[str, int], int] = {}
-    for (r, _), text in zip(((r, None) for r in requests for _ in range(r.samples)), texts, strict=True):
+    for (r, _), text in zip(((req, None) for req in requests for _ in range(req.samples)), texts, strict=True):
         k = sample_of[(r.persona, r.question)] = sample_of.get((r.persona, r.question), -1) + 1
         answers.append({"persona": r.persona, "question": r.question, "sample": k, "answer": text, "positive": r.positive})
     meta = {

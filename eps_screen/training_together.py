@@ -34,7 +34,14 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
-from eps_screen.training import IGNORE, TrainReport, Tokenized, _DevicePeak, split_batch, tokenize_set
+from eps_screen.training import (
+    IGNORE,
+    Tokenized,
+    TrainReport,
+    _DevicePeak,
+    split_batch,
+    tokenize_set,
+)
 
 MAX_GRAD_NORM = 1.0  # transformers TrainingArguments' default, which train_lora keeps
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
@@ -127,8 +134,6 @@ class _Routing:
         self.spans, self._mask = spans, None
 
     def mask(self, like):
-        import torch
-
         if self._mask is None or self._mask.dtype != like.dtype:
             cols = [self.ranks[name] for name, _, _ in self.spans]
             mask = like.new_zeros((self.spans[-1][2], sum(cols)))

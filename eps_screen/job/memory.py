@@ -142,5 +142,5 @@ def memory_lines(config: ScreenConfig) -> list[str]:
         return []
     off = f", off-policy answers ~{plan.offpolicy_min_gib:.0f}" if plan.offpolicy_min_gib else ""
     fits = [g for g in config.execution.gpu_types if g in GPU_MEMORY_GIB and not plan.problems(g)]
-    return [f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB, evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
-            f" fits {', '.join(fits) or 'none of execution.gpu_types'}"]
+    return [(f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB, evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
+             f" fits {', '.join(fits) or 'none of execution.gpu_types'}")]
