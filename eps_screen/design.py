@@ -38,14 +38,16 @@ def coded(level: int) -> int:
     return 2 * level - 1
 
 
+def word_of(letters) -> str:
+    """An effect word in its one spelling, letters in alphabetical order whatever order the factors are declared
+    in ("LR", never "RL"), as the statistics name terms ("L:R": prediction_rules.canonical_term)."""
+    return "".join(sorted(letters))
+
+
 def multiply(*words: str) -> str:
     """Product of effect words: letters that appear an odd number of times (x*x = I)."""
     letters = "".join(words)
-    return "".join(sorted(f for f in set(letters) if letters.count(f) % 2 == 1))
-
-
-def _order(word: str) -> tuple[int, str]:
-    return len(word), word
+    return word_of(f for f in set(letters) if letters.count(f) % 2 == 1)
 
 
 ROMAN = {1: "I", 2: "II", 3: "III", 4: "IV", 5: "V", 6: "VI", 7: "VII", 8: "VIII", 9: "IX", 10: "X"}
@@ -73,7 +75,7 @@ def parse_generator(text: str, shorts: str, where: str) -> Generator:
                           f"{', '.join(shorts)}); use declared short names")
     if factor in word or len(set(word)) != len(word):
         raise DesignError(f"{where}: generator {text!r}: the word must name other factors, each once")
-    return Generator(factor, "".join(sorted(word)), -1 if minus else 1)
+    return Generator(factor, word_of(word), -1 if minus else 1)
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,15 @@ class Fraction:
     @property
     def name(self) -> str:
         return f"2^{self.k}" if not self.p else f"2^({self.k}-{self.p})"
+
+    def _order(self, word: str) -> tuple[int, tuple[int, ...]]:
+        """Shorter words first, then by the declared positions of their letters (L, R, N, M before LR, LN, ...)."""
+        return len(word), tuple(sorted(self.factors.index(f) for f in word))
+
+    def effects(self, max_order: int | None = None) -> list[str]:
+        """Every effect word up to `max_order` letters (all by default), in `_order`."""
+        top = self.k if max_order is None else max_order
+        return [word_of(c) for n in range(1, top + 1) for c in itertools.combinations(self.factors, n)]
 
     def runs(self) -> list[tuple[int, ...]]:
         """The runs in standard order of the base factors (the first changes fastest)."""
@@ -147,24 +158,22 @@ class Fraction:
         """Every effect in its alias chain (the 2^(k-p) - 1 estimable combinations), with its sign where the
         relation gives one: [["A", "BCE", "DEF", "ABCDF"], ...], each chain and the list ordered shortest first."""
         rel = self.relation()
-        effects = ["".join(c) for n in range(1, self.k + 1) for c in itertools.combinations(self.factors, n)]
         seen: set[str] = set()
         chains = []
         seen.update(w for w, _ in rel)  # aliased with the mean: not estimable
-        for eff in sorted(effects, key=_order):
+        for eff in self.effects():
             if eff in seen:
                 continue
             members = [(eff, 1)] + [(multiply(eff, w), s) for w, s in rel]
             seen.update(m for m, _ in members)
-            chains.append([("-" if s < 0 else "") + m for m, s in sorted(members, key=lambda ms: _order(ms[0]))])
-        return sorted(chains, key=lambda c: _order(c[0].lstrip("-")))
+            chains.append([("-" if s < 0 else "") + m for m, s in sorted(members, key=lambda ms: self._order(ms[0]))])
+        return sorted(chains, key=lambda c: self._order(c[0].lstrip("-")))
 
     def aliases(self, max_order: int = 2) -> dict[str, list[str]]:
         """For each main effect and two-factor interaction, the other effects up to `max_order` aliased with it."""
         rel = [w for w, _ in self.relation()]
-        effects = list(self.factors) + ["".join(p) for p in itertools.combinations(self.factors, 2)]
-        return {e: sorted({multiply(e, w) for w in rel if len(multiply(e, w)) <= max_order}, key=_order)
-                for e in effects}
+        return {e: sorted({multiply(e, w) for w in rel if len(multiply(e, w)) <= max_order}, key=self._order)
+                for e in self.effects(2)}
 
     def describe(self) -> str:
         res = self.resolution
@@ -192,7 +201,7 @@ def fraction(shorts: str, generators: list[str], where: str) -> Fraction:
 
 
 def _candidate_words(base: str) -> list[str]:
-    return ["".join(sorted(c)) for n in range(2, len(base) + 1) for c in itertools.combinations(base, n)]
+    return [word_of(c) for n in range(2, len(base) + 1) for c in itertools.combinations(base, n)]
 
 
 def min_aberration(within: Fraction, resolution: int) -> Fraction:

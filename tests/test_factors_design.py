@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eps_screen import design
-from eps_screen.config import parse_config
+from eps_screen.config import load_config, parse_config
 from eps_screen.design import DesignError, Fraction, fraction, min_aberration
+from eps_screen.prediction_rules import reported_terms
+from eps_screen.screen_stats import declarations, declared_factors
+from eps_screen.stats import term_name
+
+CONFIGS = Path(__file__).resolve().parents[1] / "deployments" / "configs"
 
 
 def _factor(short: str, path: str, lo, hi) -> dict:
@@ -122,3 +128,40 @@ def test_generator_errors():
         fraction("ABCDE", ["G=AB"], "design.smoke.generators")
     with pytest.raises(DesignError, match="not a generator"):
         fraction("ABCDE", ["D=AB*C"], "design.smoke.generators")
+
+
+def _chain_sets(frac: Fraction) -> set[frozenset[str]]:
+    return {frozenset(chain) for chain in frac.alias_chains()}
+
+
+def test_words_are_spelled_one_way_when_factors_are_declared_out_of_alphabetical_order():
+    # tiny-recipe's smoke: L, R, N, M declared in that order, M = LNR
+    frac = design.phases(load_config(CONFIGS / "tiny-recipe.yaml")).smoke
+    assert frac.factors == "LRNM"
+    chains = frac.alias_chains()
+    assert chains == [["L", "MNR"], ["R", "LMN"], ["N", "LMR"], ["M", "LNR"], ["LR", "MN"], ["LN", "MR"],
+                      ["LM", "NR"]]
+    members = [m for chain in chains for m in chain]
+    assert len(members) == len(set(members)) == 2**4 - 2  # every effect once, none the mean (I = LMNR)
+    assert [w for w, _ in frac.relation()] == ["LMNR"]
+    # the same design declared alphabetically has the same chains, relation and two-factor aliases
+    same = fraction("LMNR", ["M=LNR"], "test")
+    assert _chain_sets(same) == _chain_sets(frac) and same.relation() == frac.relation()
+    assert {k: set(v) for k, v in same.aliases().items()} == {k: set(v) for k, v in frac.aliases().items()}
+    assert not any(line.lstrip().startswith("=") for line in frac.render())
+
+
+def test_design_words_and_statistics_terms_name_an_interaction_alike():
+    config = load_config(CONFIGS / "tiny-recipe.yaml")
+    terms = [term_name(t) for t in reported_terms(declared_factors(config))]
+    assert terms == ["L", "R", "N", "M", "L:R", "L:N", "L:M", "N:R", "M:R", "M:N"]
+    # every two-factor word the design writes is a term the statistics report, as the report joins it
+    frac = design.phases(config).smoke
+    words = {w for k, v in frac.aliases().items() for w in [k, *v] if len(w) == 2}
+    assert {":".join(w) for w in words} <= set(terms)
+    # a pre-registered term or a prediction written the other way round names the same reported term
+    config = parse_config({**config.model_dump(mode="json"), "design": {
+        **config.design.model_dump(mode="json"), "pre_registered": ["R:L"],
+        "predictions": [{"id": "Q", "statement": "s", "term": "RN", "direction": "above", "threshold": 0}]}})
+    pre, rules = declarations(config)
+    assert pre == ("L:R",) and rules[0].term == "N:R" and {*pre, rules[0].term} <= set(terms)
