@@ -1,7 +1,8 @@
 """GPU-hours and cost of a screen from measured throughput: what `eps-screen validate` prints before renting.
 
-Work is counted from the config (cells of every phase, examples and sequence lengths per A x B condition,
-answers and their lengths, generation regimes, the pre-screen) and divided by figures measured on the H200
+Work is counted from the config's declared design (its cells of every phase, each under its own recipe: examples,
+epochs and sequence lengths per A x B prompt condition, answers and their lengths, generation regimes, the
+pre-screen's conditions; GPU jobs as plan.dispatch_groups sends them) and divided by figures measured on the H200
 test machine (BENCHMARKS.md, section GPU; each figure names its result file). Where no measurement exists the
 estimate says so in `notes` and uses the nearest measured figure; a figure can be overridden from the config
 (`estimate.*` fields, read with defaults until config.py has them).
@@ -21,6 +22,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
 from eps_screen.job.training import trains_together
+from eps_screen.plan import dispatch_groups, multiseed_count
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
@@ -185,31 +187,25 @@ def generate_rows(config: ScreenConfig, a: int) -> int:
     return (end - start) * ev.samples
 
 
-def _dispatch_groups(config: ScreenConfig, n_smoke: int, n_multi: int) -> list[int]:
-    """Cells of each dispatch of a screen, as flows/runtime/dispatch.py sends them: the smoke cells, each source's slab
-    without its smoke cells, the multi-seed cells (the pre-screen is a job of its own)."""
-    slab_sizes = [32 - (n_smoke if source == config.smoke else 0) for source in config.sources]
-    return [n_smoke, *slab_sizes, n_multi]
-
-
-def gpu_jobs(config: ScreenConfig, n_smoke: int, n_multi: int, cells_per_job: int | None = None) -> int:
-    """GPU jobs (pod or process start-ups) the screen dispatches, as flows/runtime/dispatch.py groups them."""
+def gpu_jobs(config: ScreenConfig, n_multi: int | None = None, cells_per_job: int | None = None) -> int:
+    """GPU jobs (pod or process start-ups) the screen dispatches, as flows/runtime/dispatch.py groups them: the
+    pre-screen's, then each dispatch's (plan.dispatch_groups, `n_multi` multi-seed cells)."""
     ex = config.execution
     per_job = cells_per_job or ex.cells_per_job
 
     def jobs(n: int) -> int:
-        return math.ceil(n / design.job_size(n, per_job, ex.max_parallel_cells)) if n else 0
+        return math.ceil(n / design.job_size(n, per_job, ex.max_parallel_cells))
 
-    return 1 + sum(jobs(n) for n in _dispatch_groups(config, n_smoke, n_multi))
+    return 1 + sum(jobs(n) for n in dispatch_groups(config, n_multi))
 
 
-def fewest_jobs_cells_per_job(config: ScreenConfig, n_smoke: int, n_multi: int) -> int:
+def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None) -> int:
     """The smallest cells_per_job that gives the fewest GPU jobs for execution.max_parallel_cells GPUs: start-up
     is paid per job, and dispatch never makes a job so big that a GPU would sit idle, so beyond this value nothing
     changes. A bigger job loses no more to a vanished pod: with job_eval per_cell, the resubmitted job finds its
     finished cells in the store and redoes only the one in flight."""
     parallel = config.execution.max_parallel_cells
-    return max(1, max(math.ceil(n / parallel) for n in _dispatch_groups(config, n_smoke, n_multi)))
+    return max(1, max(math.ceil(n / parallel) for n in dispatch_groups(config, n_multi)))
 
 
 def estimate(config: ScreenConfig) -> Estimate:
@@ -218,46 +214,43 @@ def estimate(config: ScreenConfig) -> Estimate:
     figures: dict[str, Figure] = {}
 
     # --- the work ---------------------------------------------------------------------------------------------
+    # Each cell's work under its own recipe (a factor may set the epochs, the data sizes or the eval panel); the
+    # phase-3 cells are picked later: counted as the mean slab cell.
     smoke, slab = design.smoke_cells(config), design.all_slab_cells(config)
     cells = list({c.id: c for c in smoke + slab}.values())
-    n_multi = len(config.sources) * min(config.seeds.top_k, 32) * len(config.seeds.multiseed)
-    per_condition = {c: 0.0 for c in CONDITIONS}
-    for c in cells:
-        cond = design.recipe(config, c).condition
-        per_condition[f"A{int(cond.long_system_prompt)}B{int(cond.long_format)}"] += 1
-    for c in CONDITIONS:  # phase-3 cells are picked later: assume the average condition mix
-        per_condition[c] += n_multi / len(CONDITIONS)
+    n_multi = multiseed_count(config)
     n_cells = len(cells) + n_multi
-
-    examples = config.data.positives + config.data.negatives
-    e0_examples = config.data.positives if config.data.e0_negatives == "none" else examples
-    cell_examples = (examples + e0_examples) / 2  # half the cells are E0
-    epochs = float(config.training.epochs)
+    train_tokens = {c: 0.0 for c in CONDITIONS}
+    eval_tokens = {c: 0.0 for c in CONDITIONS}
+    for c in cells:
+        rc, cond = (r := design.recipe(config, c)).config, r.condition
+        a, b = int(cond.long_system_prompt), int(cond.long_format)
+        _, answer, seq = sequence_tokens(rc, a, b)
+        examples = rc.data.positives + (
+            0 if not cond.whole_answer_loss and rc.data.e0_negatives == "none" else rc.data.negatives)
+        answers = (rc.eval.personas * rc.eval.questions + rc.eval.random_controls) * rc.eval.samples
+        train_tokens[f"A{a}B{b}"] += examples * seq * rc.training.epochs
+        eval_tokens[f"A{a}B{b}"] += answers * answer
+    for tokens in (train_tokens, eval_tokens):
+        for c in CONDITIONS:
+            tokens[c] *= n_cells / len(cells)
     answers_per_cell = (config.eval.personas * config.eval.questions + config.eval.random_controls) * config.eval.samples
 
-    train_tokens = {}
-    eval_tokens = {}
-    for cond in CONDITIONS:
-        a, b = int(cond[1]), int(cond[3])
-        _, answer, seq = sequence_tokens(config, a, b)
-        train_tokens[cond] = per_condition[cond] * cell_examples * seq * epochs
-        eval_tokens[cond] = per_condition[cond] * answers_per_cell * answer
-
     regimes = design.regimes(config, slab)
-    on_regimes = [r for r in regimes if not r.off_policy]
-    off_regimes = [r for r in regimes if r.off_policy]
     regime_tokens = {"on": 0.0, "off": 0.0}
-    for kind, rs in (("on", on_regimes), ("off", off_regimes)):
-        for r in rs:
-            cond = design.regime_recipe(config, r).condition
-            regime_tokens[kind] += examples * sequence_tokens(config, int(cond.long_system_prompt), int(cond.long_format))[1]
-    mean_regime = {k: v / max(1, len(rs)) for (k, v), rs in zip(regime_tokens.items(), (on_regimes, off_regimes), strict=True)}
-    # Phase 3 re-runs at new seeds need their own answer sets (up to one per multi-seed cell, half of them D1).
-    regime_tokens["on"] += n_multi / 2 * mean_regime["on"]
-    regime_tokens["off"] += n_multi / 2 * mean_regime["off"]
+    for r in regimes:
+        rc, cond = (rr := design.regime_recipe(config, r)).config, rr.condition
+        answer = sequence_tokens(rc, int(cond.long_system_prompt), int(cond.long_format))[1]
+        regime_tokens["off" if r.off_policy else "on"] += (rc.data.positives + rc.data.negatives) * answer
+    # Phase 3 re-runs at new seeds need their own answer sets: up to one per multi-seed cell, as the slabs' mix.
+    for kind in regime_tokens:
+        regime_tokens[kind] *= 1 + n_multi / max(1, len(regimes))
     if config.off_policy.kind != "model":  # a file or a hosted API: no GPU time
         regime_tokens["off"] = 0.0
-    prescreen_tokens = sum(answers_per_cell * sequence_tokens(config, a, b)[1] for a in (0, 1) for b in (0, 1) for _ in (0, 1))
+    prescreen_tokens = 0.0
+    for levels in design.pre_screen_conditions(config):
+        cond = design.recipe_at(config, levels).condition
+        prescreen_tokens += answers_per_cell * sequence_tokens(config, int(cond.long_system_prompt), int(cond.long_format))[1]
 
     # --- the rates ----------------------------------------------------------------------------------------------
     if tiny:
@@ -335,13 +328,13 @@ def estimate(config: ScreenConfig) -> Estimate:
         if getattr(config.training, "compile", False):
             startup_s += H200_COMPILE_WARMUP_S.value
             figures["compile warm-up"] = H200_COMPILE_WARMUP_S
-        n_jobs = gpu_jobs(config, len(smoke), n_multi)
-        best = fewest_jobs_cells_per_job(config, len(smoke), n_multi)
+        n_jobs = gpu_jobs(config, n_multi)
+        best = fewest_jobs_cells_per_job(config, n_multi)
         notes.append(f"per GPU job {startup_s:.0f} s of start-up ({POD_STARTUP_S} s of it pod start and model"
                      f" download, assumed); {n_jobs} jobs of up to execution.cells_per_job="
                      f"{config.execution.cells_per_job} cells")
         if best > config.execution.cells_per_job:
-            fewer = gpu_jobs(config, len(smoke), n_multi, best)
+            fewer = gpu_jobs(config, n_multi, best)
             notes.append(f"execution.cells_per_job: {best} gives the fewest jobs for {config.execution.max_parallel_cells}"
                          f" GPUs ({fewer} instead of {n_jobs}: {(n_jobs - fewer) * startup_s / 3600:.1f} GPU-hours"
                          " less start-up)")
@@ -363,7 +356,7 @@ def estimate(config: ScreenConfig) -> Estimate:
             )
     regimes_s = (regime_tokens["on"] + regime_tokens["off"] * off_scale) * tail / mean_gen
     prescreen_s = prescreen_tokens * tail / mean_gen
-    jobs = gpu_jobs(config, len(smoke), n_multi)
+    jobs = gpu_jobs(config, n_multi)
     hours = {
         "train": train_s / 3600,
         "eval": eval_s / 3600,

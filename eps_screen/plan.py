@@ -25,6 +25,23 @@ def multiseed_pick(config: ScreenConfig, store: ResultStore) -> list[Cell] | Non
     return design.multiseed_cells(config, top)
 
 
+def multiseed_count(config: ScreenConfig) -> int:
+    """Phase-3 cells: each source's top cells (no more than its slab has) at each extra seed."""
+    runs = len(design.phases(config).slab.runs())
+    return len(config.sources) * min(config.seeds.top_k, runs) * len(config.seeds.multiseed)
+
+
+def dispatch_groups(config: ScreenConfig, n_multi: int | None = None) -> list[int]:
+    """Cells of each dispatch of a screen, as flows/screen.py sends them (the pre-screen is a job of its own): the
+    smoke cells, the fold-over cells, each source's slab less the cells those two ran, the multi-seed cells
+    (`n_multi` of them, multiseed_count by default)."""
+    smoke, folded = design.smoke_cells(config), design.fold_over_cells(config)
+    ran = {c.id for c in smoke + folded}
+    slabs = [sum(c.id not in ran for c in design.slab_cells(config, source)) for source in config.sources]
+    groups = [len(smoke), len(folded), *slabs, multiseed_count(config) if n_multi is None else n_multi]
+    return [n for n in groups if n]
+
+
 def phase_cells(config: ScreenConfig, store: ResultStore | None = None) -> dict[str, list[Cell]]:
     cells = {"smoke": design.smoke_cells(config), "fold_over": design.fold_over_cells(config),
              "slab": design.all_slab_cells(config), "multiseed": []}
@@ -69,12 +86,12 @@ class Plan:
         if d.fold_over is not None:
             out.append(f"  fold-over:        {p['fold_over']} cells ({d.fold_over.describe()})")
         out += [
-            f"phase 2 slabs:      {p['slab']} cells ({p['slab'] // per_slab} sources x {per_slab}"
-            f"{'' if not d.slab.generators else ', ' + d.slab.describe()})",
+            (f"phase 2 slabs:      {p['slab']} cells ({p['slab'] // per_slab} sources x {per_slab}"
+             f"{'' if not d.slab.generators else ', ' + d.slab.describe()})"),
             f"phase 3 multi-seed: {p['multiseed']} cells (top cells per source x extra seeds)",
             f"distinct cells:     {self.distinct_cells} (smoke cells are slab cells, run once)",
-            f"answer sets:        {self.regimes_on_policy} on-policy + {self.regimes_off_policy} off-policy"
-            f" (phases 1-2), up to {self.regimes_multiseed_max} more in phase 3",
+            (f"answer sets:        {self.regimes_on_policy} on-policy + {self.regimes_off_policy} off-policy"
+             f" (phases 1-2), up to {self.regimes_multiseed_max} more in phase 3"),
             f"training examples:  {self.training_examples} in all",
             f"eval answers:       {self.eval_answers} in all",
         ]
@@ -85,8 +102,7 @@ class Plan:
 def make_plan(config: ScreenConfig) -> Plan:
     smoke, slab = design.smoke_cells(config), design.all_slab_cells(config)
     folded = design.fold_over_cells(config)
-    runs = len(design.phases(config).slab.runs())
-    n_multi = len(config.sources) * min(config.seeds.top_k, runs) * len(config.seeds.multiseed)
+    n_multi = multiseed_count(config)
     distinct = len({c.id for c in smoke + folded + slab}) + n_multi
     regimes = design.regimes(config, slab)
     examples = config.data.positives + config.data.negatives

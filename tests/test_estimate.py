@@ -68,7 +68,7 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
     def jobs(n: int) -> int:
         return len(group_jobs(config, [f"s{i:02d}-A0B0C0D0E0-s1" for i in range(n)], 4, 8))
 
-    assert gpu_jobs(config, 8, 18) == 1 + jobs(8) + jobs(24) + 2 * jobs(32) + jobs(18) == 39
+    assert gpu_jobs(config, 18) == 1 + jobs(8) + jobs(24) + 2 * jobs(32) + jobs(18) == 39
     one_per_job = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 1})})
     batched, single = estimate(config), estimate(one_per_job)
     assert single.hours["startup"] / batched.hours["startup"] == pytest.approx(115 / 39)
@@ -110,10 +110,10 @@ def test_cells_per_job_with_the_fewest_jobs_for_the_gpus():
     config = load_config(CONFIGS / "qwen7b.yaml")
     for gpus, best in ((8, 4), (4, 8), (2, 16)):
         at = _execution(config, max_parallel_cells=gpus)
-        assert fewest_jobs_cells_per_job(at, 8, 18) == best
-        fewest = gpu_jobs(at, 8, 18, best)
+        assert fewest_jobs_cells_per_job(at, 18) == best
+        fewest = gpu_jobs(at, 18, best)
         # more cells per job changes nothing (dispatch keeps every GPU busy); fewer means more start-ups
-        assert gpu_jobs(at, 8, 18, best * 2) == fewest < gpu_jobs(at, 8, 18, best - 1)
+        assert gpu_jobs(at, 18, best * 2) == fewest < gpu_jobs(at, 18, best - 1)
     small = _execution(config, max_parallel_cells=8, cells_per_job=2)
     assert any("execution.cells_per_job: 4 gives the fewest jobs" in n for n in estimate(small).notes)
     assert estimate(_execution(small, cells_per_job=4)).hours["startup"] < estimate(small).hours["startup"]
@@ -161,3 +161,87 @@ def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_f
     assert together.hours["train"] < estimate(_qwen(gradient_checkpointing=True)).hours["train"]
     # the other conditions fill a pass with one cell: their figures stay the alone ones
     assert together.figures["train A1B1 (padfree+fused+compile)"]["source"].endswith("compile2.json")
+
+
+def _marker_three(config):
+    """The config with a 2^3 of three of the marker screen's treatments (A, B, E) in place of its design."""
+    from eps_screen.config import marker_factors, parse_config
+
+    factors = [f.model_dump(mode="json") for f in marker_factors() if f.short in "ABE"]
+    return parse_config({**config.model_dump(mode="json"), "design": {"factors": factors}})
+
+
+def _fold_over(config):
+    from eps_screen.config import parse_config
+
+    data = config.model_dump(mode="json")
+    return parse_config({**data, "design": {**data["design"], "fold_over": True}})
+
+
+def _dispatched_jobs(config) -> tuple[int, int]:
+    """(GPU jobs, cells) as flows/screen.py dispatches them: the pre-screen, the smoke, the fold-over, each source's
+    slab less the cells already run, the multi-seed cells; each dispatch grouped by design.group_jobs."""
+    from eps_screen import design
+
+    ex = config.execution
+    runs = design.phases(config).slab.runs()
+    top = {s: runs[: config.seeds.top_k] for s in config.sources}
+    phases = [design.smoke_cells(config), design.fold_over_cells(config),
+              *(design.slab_cells(config, s) for s in config.sources), design.multiseed_cells(config, top)]
+    ran: set[str] = set()
+    jobs = 1
+    for cells in phases:
+        todo = [c.id for c in cells if c.id not in ran]
+        jobs += len(design.group_jobs(config, todo, ex.cells_per_job, ex.max_parallel_cells)) if todo else 0
+        ran.update(todo)
+    return jobs, len(ran)
+
+
+@pytest.mark.parametrize("name", ["tiny-recipe", "sim-6-2", "2^3", "2^(5-2) with fold-over", "qwen7b"])
+def test_jobs_and_cells_counted_are_those_of_the_declared_design(name):
+    from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
+    from eps_screen.plan import dispatch_groups, make_plan
+
+    config = {"2^3": lambda: _marker_three(_qwen()), "2^(5-2) with fold-over": lambda: _fold_over(_qwen())}.get(
+        name, lambda: load_config(CONFIGS / f"{name}.yaml"))()
+    plan = make_plan(config)
+    slab = {"tiny-recipe": 16, "sim-6-2": 16, "2^3": 8, "2^(5-2) with fold-over": 32, "qwen7b": 32}[name]
+    assert plan.cells_per_phase["slab"] == slab * len(config.sources)
+    for gpus, per_job in ((8, 4), (4, 8), (2, 16), (3, 5)):
+        at = _execution(config, max_parallel_cells=gpus, cells_per_job=per_job)
+        jobs, cells = _dispatched_jobs(at)
+        assert gpu_jobs(at) == jobs and sum(dispatch_groups(at)) == cells == plan.distinct_cells
+        assert estimate(at).work["cells"] == plan.distinct_cells
+        best = fewest_jobs_cells_per_job(at)
+        assert gpu_jobs(at, cells_per_job=best) == _dispatched_jobs(_execution(at, cells_per_job=best))[0]
+        assert gpu_jobs(at, cells_per_job=best) < gpu_jobs(at, cells_per_job=best - 1) if best > 1 else True
+
+
+def test_the_cost_of_a_smaller_design_is_its_own():
+    from eps_screen.estimate import POD_STARTUP_S, gpu_jobs
+
+    full, three = _qwen(), _marker_three(_qwen())
+    big, small = estimate(full), estimate(three)
+    startup = big.hours["startup"] * 3600 / gpu_jobs(full)
+    assert startup > POD_STARTUP_S and small.hours["startup"] * 3600 == pytest.approx(gpu_jobs(three) * startup)
+    assert any(f"; {gpu_jobs(three)} jobs of up to" in n for n in small.notes)
+    # 8 slab cells per source against 32, the same mix of A x B conditions and loss masks: a quarter of the work
+    assert small.work["cells"] == 3 * 8 + 3 * 3 * 2 and big.work["cells"] == 114
+    assert small.work["training_tokens"] / small.work["cells"] == pytest.approx(big.work["training_tokens"] / 114)
+    assert small.cost_usd < big.cost_usd / 2
+
+
+def test_a_factor_that_sets_the_epochs_counts_its_cells_training():
+    from eps_screen.config import parse_config
+
+    config = _marker_three(_qwen())
+    data = config.model_dump(mode="json")
+    factors = [*data["design"]["factors"], {"short": "N", "label": "Epochs", "levels": [
+        {"description": "1", "sets": {"training.epochs": 1}}, {"description": "3", "sets": {"training.epochs": 3}}]}]
+    with_epochs = parse_config({**data, "design": {"factors": factors}, "training": {**data["training"], "epochs": 1}})
+    one = estimate(parse_config({**data, "training": {**data["training"], "epochs": 1}}))
+    # half the cells train 1 epoch, half 3: twice the single-epoch tokens per cell
+    mixed = estimate(with_epochs)
+    assert mixed.work["training_tokens"] / mixed.work["cells"] == pytest.approx(
+        2 * one.work["training_tokens"] / one.work["cells"])
+    assert mixed.hours["train"] > one.hours["train"]

@@ -46,7 +46,6 @@ if run and out:
 def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
     from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 
-    from eps_screen import design
     from eps_screen.config import ScreenConfig
     from eps_screen.estimate import gpu_jobs
     from eps_screen.plan import phase_cells
@@ -94,7 +93,7 @@ def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
         assert store.phase("pre_screen")["answers"] > 0
         # pre-screen 1, smoke 8 -> 2 jobs, slabs 24 + 32 + 32 -> 2 jobs each, multi-seed -> 2: 11 GPU jobs in all
         runs = [line.split() for line in log.read_text().splitlines()]
-        expected = gpu_jobs(config, len(design.smoke_cells(config)), len(phase_cells(config, store)["multiseed"]))
+        expected = gpu_jobs(config, len(phase_cells(config, store)["multiseed"]))
         assert len(runs) == expected == 11, runs
         by_gpu: dict[str, list[tuple[float, float]]] = {}
         for _, gpu, start, end in runs:
