@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MARKER_FACTORS: tuple[str, ...] = ("A", "B", "C", "D", "E")
+from eps_screen.treatments import ASPECTS
 
 
 class PredictionRule(BaseModel):
@@ -66,8 +66,8 @@ def _marker_predictions() -> list[PredictionRule]:
         ("P1", "Long system prompt implants more: d(A on SR) >= 0.4, averaged over sources", "A", "SR", "value", "above", 0.4),
         ("P2", "Marker-only loss implants more than whole-answer loss: d(E on SR) <= -0.3", "E", "SR", "value", "below", -0.3),
         ("P3", "On-policy implants more than off-policy: d(D on SR) <= -0.2", "D", "SR", "value", "below", -0.2),
-        ("P4", "Long answer format collapses implantation: d(B on SR) <= -0.3 (its 'non-monotone' clause cannot be "
-               "tested with two levels of B: judged on the direction only)", "B", "SR", "value", "below", -0.3),
+        ("P4", ("Long answer format collapses implantation: d(B on SR) <= -0.3 (its 'non-monotone' clause cannot be "
+                "tested with two levels of B: judged on the direction only)"), "B", "SR", "value", "below", -0.3),
         ("P5", "Framing does not matter once A is accounted for: |d(C on SR)| < 0.15", "C", "SR", "value", "inside", 0.15),
         ("P6", "The A x B interaction is more than twice the next-largest interaction (on SR)", "A:B", "SR",
                "ratio_to_next", "above", 2.0),
@@ -84,12 +84,21 @@ MARKER_PREDICTIONS: tuple[PredictionRule, ...] = tuple(_marker_predictions())
 MARKER_PRE_REGISTERED: tuple[str, ...] = ("A:B",)
 
 
+def is_marker_screen(factors: Sequence[tuple[str, Sequence[str | None]]]) -> bool:
+    """Whether the factors, each as (short name, the treatment each level names), are the marker screen's: its five
+    built-in treatments under their letters A-E, the first side at level 0 (the signs its predictions are written
+    in). A screen that merely letters its own factors A-E is not."""
+    return [(short, tuple(sides)) for short, sides in factors] == [(a.marker_letter, a.sides) for a in ASPECTS]
+
+
 def declared(
-    pre_registered: Sequence[str] | None, predictions: Sequence[PredictionRule] | None, factors: Sequence[str],
+    pre_registered: Sequence[str] | None, predictions: Sequence[PredictionRule] | None,
+    factors: Sequence[tuple[str, Sequence[str | None]]],
 ) -> tuple[tuple[str, ...], tuple[PredictionRule, ...]]:
     """The pre-registered interactions and predictions in force: as declared, or, left out (None), the marker
-    screen's when the declared factors are its five (A-E) and none otherwise."""
-    marker = tuple(factors) == MARKER_FACTORS
+    screen's where the factors are its five treatments (is_marker_screen; a config without a design block), none
+    otherwise."""
+    marker = is_marker_screen(factors)
     pre = tuple(canonical_term(t) for t in pre_registered) if pre_registered is not None else (
         MARKER_PRE_REGISTERED if marker else ())
     rules = tuple(predictions) if predictions is not None else (MARKER_PREDICTIONS if marker else ())

@@ -82,7 +82,8 @@ def declared_factors(config: ScreenConfig) -> tuple[str, ...]:
 
 def declarations(config: ScreenConfig):
     """The pre-registered interactions and the predictions in force (prediction_rules.declared)."""
-    return declared(config.design.pre_registered, config.design.predictions, declared_factors(config))
+    factors = [(f.short, [lv.treatment for lv in f.levels]) for f in config.design.factors]
+    return declared(config.design.pre_registered, config.design.predictions, factors)
 
 
 def factor_spec(config: ScreenConfig, short: str):
