@@ -1,7 +1,8 @@
 """Factors, cells, regimes and the designs of each phase, over the factors a config declares.
 
 Levels are stored as 0/1; the coded value used for effects and generators is -1/+1 (0 -> -1). A factor is named
-by one capital letter, so an effect term is a word of letters ("A", "BD", "ABCE") and a cell id
+by one capital letter, so an effect term is a word of letters, always spelled alphabetically whatever order the
+factors are declared in ("A", "BD", "ABCE"; the statistics' "B:D"), and a cell id
 (<source>-A0B1C0-s42) is read without the config.
 
 A fraction is given by generators (D=AB: D's coded column is the product of A's and B's). Its defining relation
