@@ -52,7 +52,7 @@ def _effect(cells, rates, factor) -> float:
 
 
 def test_the_fold_over_runs_after_the_smoke_and_before_the_slabs(run):
-    config, state, subflows = run
+    _, state, subflows = run
     assert state.is_completed(), state.message
     started = {r.name: r.start_time for r in subflows}
     assert started["phase 1: smoke"] < started["phase 1b: fold-over"] < started["phase 2: slab librarian"]
