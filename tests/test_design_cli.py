@@ -49,3 +49,23 @@ def test_a_bad_config_is_one_line_on_stderr(tmp_path):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert "F=BCX" in out.stderr and "X, which is not a declared factor" in out.stderr
+
+
+def test_a_fold_over_is_listed_with_what_smoke_and_fold_over_give_together(tmp_path):
+    """tiny.yaml's smoke D=AB, E=AC (I = ABD = ACE = BCDE), folded over: D=-AB, E=-AC; together the 2^(5-1) with
+    I = BCDE, resolution IV."""
+    path = tmp_path / "fold.yaml"
+    path.write_text((CONFIGS / "tiny.yaml").read_text().replace("  smoke: {generators: [D=AB, E=AC]}",
+                                                                "  fold_over: true\n  smoke: {generators: [D=AB, E=AC]}"))
+    out = _design(str(path), "--phase", "smoke")
+    assert out.returncode == 0, out.stderr
+    assert "fold-over: the smoke fraction with every level flipped, 2^(5-2), D=-AB, E=-AC, resolution III, on " \
+           "librarian, 8 cells" in out.stdout
+    assert "smoke and fold-over together: 16 runs, I = BCDE (resolution IV)" in out.stdout
+    data = json.loads(_design(str(path), "--json").stdout)
+    smoke = {tuple(c[f] for f in "ABCDE") for c in data["smoke"]["cells"]}
+    folded = {tuple(c[f] for f in "ABCDE") for c in data["fold_over"]["cells"]}
+    assert folded == {tuple(1 - x for x in run) for run in smoke} and not folded & smoke
+    assert data["fold_over"]["with_smoke"] == {"runs": 16, "defining_relation": ["I", "BCDE"], "resolution": 4}
+    plain = _design(str(CONFIGS / "tiny.yaml"), "--json")
+    assert "fold_over" not in json.loads(plain.stdout)  # only where declared
