@@ -1,7 +1,8 @@
 """`eps-screen deploy | status | retry | report` and the files they apply (deployments/prefect.yaml, pools/).
 
-One simulated screen per module (114 cells, in-process, on the session's Prefect test harness); the commands
-run in-process through `flows.cli.main`, their output captured.
+One simulated screen per module (114 cells, in-process, on the session's Prefect test harness), and a small one of
+declared factors (sim-6-2.yaml) for retry; the commands run in-process through `flows.cli.main`, their output
+captured.
 """
 
 from __future__ import annotations
@@ -268,3 +269,27 @@ def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, mon
     assert f"({run.id}) Crashed: its process is gone" in out and "--force" not in out
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(run.id).state.type.value == "CRASHED"
+
+
+# --- retry on a screen of declared factors (sim-6-2.yaml: a 2^(6-2) of six fields) ---------------------------------
+def test_retry_of_a_declared_design_recomputes_only_its_lost_cells(tmp_path, capsys):
+    from eps_screen.config import parse_config
+    from flows.cli import main
+    from flows.screen import screen
+
+    data = yaml.safe_load((CONFIGS / "sim-6-2.yaml").read_text())
+    data.update(name="declared", store=str(tmp_path), sources=["librarian", "surgeon"],
+                eval={"personas": 4, "questions": 6, "samples": 2, "random_controls": 2},
+                seeds={"multiseed": [137], "top_k": 2}, bootstrap={"resamples": 200})
+    assert screen(parse_config(data), return_state=True).is_completed()
+    screen_dir = tmp_path / "declared"
+    lost = ["surgeon-A1B1C1D1E1F1-s42", "librarian-A1B0C0D0E1F0-s42"]  # slab runs of E=ABC, F=BCD
+    for cell in lost:
+        shutil.rmtree(screen_dir / "cells" / cell)
+    before = markers(screen_dir)
+    assert main(["retry", "declared", "--store", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "30 of 32 known cells finished; to compute: 2 missing (+ the multi-seed cells" in out
+    assert "36 of 36 cells finished" in out  # 2 x 16 slab cells and 2 x 2 at the extra seed
+    after = markers(screen_dir)
+    assert set(after) == set(before) | set(lost) and {c: after[c] for c in before} == before
