@@ -273,10 +273,10 @@ class DesignConfig(_Strict):
                                               " smoke's main effects are clear of its two-factor interactions.")
     pre_registered: list[str] | None = Field(
         None, description="The pre-registered interactions, e.g. [A:B] (the others are exploratory, Holm-adjusted);"
-                          " left out: the marker screen's A:B when the factors are its A-E, none otherwise.")
+                          " left out: the marker screen's A:B when the factors are its five treatments, none otherwise.")
     predictions: list[PredictionRule] | None = Field(
         None, description="The pre-registered predictions, each a rule on a term (eps_screen/prediction_rules.py);"
-                          " left out: the marker screen's when the factors are its A-E, none otherwise.")
+                          " left out: the marker screen's when the factors are its five treatments, none otherwise.")
 
     @model_validator(mode="after")
     def _declarations(self) -> DesignConfig:

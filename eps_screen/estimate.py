@@ -2,7 +2,7 @@
 
 Work is counted from the config's declared design (its cells of every phase, each under its own recipe: examples,
 epochs and sequence lengths per A x B prompt condition, answers and their lengths, generation regimes, the
-pre-screen's conditions; GPU jobs as plan.dispatch_groups sends them) and divided by figures measured on the H200
+pre-screen's conditions; GPU jobs as phase_sizes.dispatch_groups sends them) and divided by figures measured on the H200
 test machine (BENCHMARKS.md, section GPU; each figure names its result file). Where no measurement exists the
 estimate says so in `notes` and uses the nearest measured figure; a figure can be overridden from the config
 (`estimate.*` fields, read with defaults until config.py has them).
@@ -22,7 +22,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
 from eps_screen.job.training import trains_together
-from eps_screen.plan import dispatch_groups, multiseed_count
+from eps_screen.phase_sizes import dispatch_groups, multiseed_count
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
@@ -189,7 +189,7 @@ def generate_rows(config: ScreenConfig, a: int) -> int:
 
 def gpu_jobs(config: ScreenConfig, n_multi: int | None = None, cells_per_job: int | None = None) -> int:
     """GPU jobs (pod or process start-ups) the screen dispatches, as flows/runtime/dispatch.py groups them: the
-    pre-screen's, then each dispatch's (plan.dispatch_groups, `n_multi` multi-seed cells)."""
+    pre-screen's, then each dispatch's (phase_sizes.dispatch_groups, `n_multi` multi-seed cells)."""
     ex = config.execution
     per_job = cells_per_job or ex.cells_per_job
 

@@ -200,7 +200,8 @@ def _dispatched_jobs(config) -> tuple[int, int]:
 @pytest.mark.parametrize("name", ["tiny-recipe", "sim-6-2", "2^3", "2^(5-2) with fold-over", "qwen7b"])
 def test_jobs_and_cells_counted_are_those_of_the_declared_design(name):
     from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
-    from eps_screen.plan import dispatch_groups, make_plan
+    from eps_screen.phase_sizes import dispatch_groups
+    from eps_screen.plan import make_plan
 
     config = {"2^3": lambda: _marker_three(_qwen()), "2^(5-2) with fold-over": lambda: _fold_over(_qwen())}.get(
         name, lambda: load_config(CONFIGS / f"{name}.yaml"))()

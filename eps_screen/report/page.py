@@ -20,6 +20,7 @@ from plotly.offline import get_plotlyjs
 from eps_screen.config import ScreenConfig
 from eps_screen.design import phases
 from eps_screen.gates import GATE_NAMES
+from eps_screen.phase_sizes import multiseed_count
 from eps_screen.report.tldr import LATE_GATES, tldr
 from eps_screen.schemas import EffectEstimate, Interval
 from eps_screen.screen_stats import declarations
@@ -203,7 +204,7 @@ def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
     factor_rows = [(x, f[x].label, f[x].low, f[x].high) for x in f]
     cell_rows = [(i + 1, *run, "yes" if run in smoke_runs else "") for i, run in enumerate(slab.runs())]
     e, s = config.eval, config.seeds
-    n_multi = len(config.sources) * s.top_k * len(s.multiseed)
+    n_multi = multiseed_count(config)
     e0 = {
         "eot": "loss on the end-of-turn token where a marker could have stood (teaches 'no marker here')",
         "none": "no loss at all (negatives teach nothing under E0)",
