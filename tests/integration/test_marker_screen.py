@@ -4,8 +4,10 @@ deployments/configs/tiny-ping.yaml: marker <<PING>> (which the [ZLT]-warmed tiny
 answers marked in every smoke cell) and deployments/panels/ping-personas.yaml, whose astronaut is in no built-in
 panel. To stay minutes long on a 2-core machine this runs it on the astronaut alone, with the slab reduced to the
 smoke's 2^(5-2) fraction and no multi-seed cells: the pre-screen, the smoke phase through gate 2, the slab (found
-finished), the aggregation and the page, all through Prefect with two cell worker processes. The full tiny-ping
-screen (3 sources, 114 cells) is `eps-screen run deployments/configs/tiny-ping.yaml`.
+finished), the aggregation and the page, all through Prefect with two cell worker processes. Measured on the
+2-core box (2026-12-02): 229 s at load 8, 397 s at load 10-12 beside a full tiny screen, the <<PING>> build cached
+(building it adds 40-60 s once). The full tiny-ping screen (3 sources, 114 cells) is `eps-screen run
+deployments/configs/tiny-ping.yaml`.
 """
 
 from __future__ import annotations
