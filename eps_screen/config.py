@@ -463,7 +463,7 @@ class GatesConfig(_Strict):
     contamination: Share = Field(0.02, description="Kill 1: base-model marker rate above this stops the screen.")
     smoke_floor: Share = Field(0.05, description="Kill 2: smoke fails if every source rate is at or below this.")
     smoke_ceiling: Share = Field(0.95, description="Kill 2: smoke fails if every source rate is at or above this.")
-    sign_flips: int = Field(3, ge=1, le=5, description="Kill 3: this many main effects flipping sign across sources.")
+    sign_flips: int = Field(3, ge=1, le=26, description="Kill 3: this many main effects flipping sign across sources.")
     noise_d: float = Field(0.15, gt=0, description="Kill 4: every |d| below this is 'all below noise'.")
     max_job_hours: float = Field(24, gt=0, description="Kill 5: any single GPU job longer than this.")
     spend_factor: float = Field(1.5, gt=1, description="Kill 5: total spend above this x the plan's estimate.")
@@ -667,6 +667,7 @@ class ScreenConfig(_Strict):
 
         problems = []
         for f in self.design.factors:
+            reported: set[str] = set()  # both levels set the same fields: a bad path is said once per factor
             for i, level in enumerate(f.levels):
                 where = f"design: factor {f.short} ({f.label}), level {i}"
                 bad = False
@@ -676,8 +677,10 @@ class ScreenConfig(_Strict):
                         problem = (f"{path} is no part of a cell's recipe; a factor may set fields of "
                                    f"{', '.join(RECIPE_SECTIONS)}")
                     if problem:
-                        problems.append(f"{where}: {problem}")
                         bad = True
+                        if path not in reported:
+                            reported.add(path)
+                            problems.append(f"{where}: {problem}")
                 if bad or not level.sets:
                     continue
                 try:
@@ -813,6 +816,8 @@ def format_errors(err: ValidationError) -> list[str]:
         path = _field_path(e["loc"])
         if not e["loc"] and re.match(r"[a-z_]+(\.[a-z_]+)*: ", e["msg"].removeprefix("Value error, ")):
             path = ""  # a cross-field check whose message names its own field
+        if path and e["type"] == "value_error" and e["msg"].removeprefix("Value error, ").startswith(f"{path}."):
+            path = ""  # a nested block's check whose message names the field inside it
         if e["type"] == "value_error" and "\n" in e["msg"]:  # a validator's several problems, one line each
             lines += [f"{path}: {m}" if path else m for m in e["msg"].removeprefix("Value error, ").splitlines()]
             continue

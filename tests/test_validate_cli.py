@@ -39,8 +39,7 @@ RULE = {"id": "P1", "statement": "rank matters", "direction": "above", "threshol
 UNKNOWN_PATH = pytest.param(
     _levels("R", {"lora.rnak": 4}, {"lora.rnak": 16}), ["factor R (LoRA rank)", "lora.rnak is not a config field",
                                                         "fields of lora: rank"],
-    # The config layer reports the path once per level (two lines); one line needs a change in eps_screen/config.py.
-    marks=pytest.mark.xfail(strict=True, reason="an unknown path is reported once per level"), id="unknown path")
+    id="unknown path")
 CASES = [
     UNKNOWN_PATH,
     pytest.param(_levels("R", {"lora.rank": 0}, {"lora.rank": 16}),
