@@ -150,7 +150,8 @@ def test_reviewer_sections_render(rendered):
     assert "log-odds effect [CI]" in logit["text"] and "rate scale only" in logit["text"]
     caveats = sections["caveats"]["text"]
     for needle in ("What the intervals condition on", "Training-run noise", "Few clusters",
-                   "Interactions depend on the scale", "aliases D with A x B", "What d means here", "non-monotone"):
+                   "Interactions depend on the scale", "The smoke fraction aliases main effects with interactions",
+                   "D with A:B", "What d means here", "non-monotone"):
         assert needle in caveats, needle
     recipe = sections["recipe"]
     assert recipe["tables"] == 1 and "rank 32, alpha 64" in recipe["text"] and "temperature 1.0" in recipe["text"]
