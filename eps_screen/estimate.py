@@ -202,8 +202,9 @@ def gpu_jobs(config: ScreenConfig, n_multi: int | None = None, cells_per_job: in
 def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None) -> int:
     """The smallest cells_per_job that gives the fewest GPU jobs for execution.max_parallel_cells GPUs: start-up
     is paid per job, and dispatch never makes a job so big that a GPU would sit idle, so beyond this value nothing
-    changes. A bigger job loses no more to a vanished pod: with job_eval per_cell, the resubmitted job finds its
-    finished cells in the store and redoes only the one in flight."""
+    changes. With job_eval per_cell a bigger job loses no more to a vanished pod (the resubmitted job finds its
+    finished cells in the store and redoes only the one in flight); with per_job (the default) it loses the job's
+    trainings that were not yet evaluated."""
     parallel = config.execution.max_parallel_cells
     return max(1, max(math.ceil(n / parallel) for n in dispatch_groups(config, n_multi)))
 

@@ -37,8 +37,8 @@ def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
     model_dir = seven_b_dir(Path(os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab")))
     build_s = time.perf_counter() - started
     cache = Path(os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
-    # per_job: the flow's job task (all trainings, then one multi-LoRA evaluation); the default per_cell path runs
-    # through the same pipeline functions in benchmarks/gpu_job_bench.py.
+    # per_job, the default: the flow's job task (all trainings, then one multi-LoRA evaluation); the per_cell path
+    # runs through the same pipeline functions in benchmarks/gpu_job_bench.py.
     config = job_config(model_dir, tmp_path / "store", engine_cache=cache, execution={"job_eval": "per_job"})
     cells = job_cells()
     with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
