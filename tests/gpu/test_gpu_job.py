@@ -4,7 +4,8 @@ The job covers two regimes (A0 and A1 prompts) and both loss masks. In one proce
 with vLLM, trains each LoRA (engine asleep), evaluates every adapter in one multi-LoRA call and writes each cell.
 Random weights, no download: benchmarks/gpu_common.seven_b_dir (tiny tokenizer, vocabulary sized to it).
 Run on the H200 test machine: `python -m pytest -m gpu tests/gpu/test_gpu_job.py`. Writes gpu_job_test.json
-($OUT there, else test-output/) with each cell's timings and the engine's start, sleep and wake times.
+($OUT there, else test-output/) with each cell's timings and the engine's start, sleep and wake times, and
+gpu_job_test_80gb.json for the same job with A1B1 cells in a process capped to an 80 GB card.
 """
 
 from __future__ import annotations
@@ -24,15 +25,22 @@ pytestmark = [
 ]
 
 
-def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
+EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.job.memory)
+
+
+def _run_job(tmp_path, cells, cap_gib: float | None = None) -> dict:
+    """One GPU job of `cells` through the `cell` flow; with `cap_gib`, the process capped to that much of the card
+    (torch.cuda.set_per_process_memory_fraction, which the vLLM engine sizes itself to)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from benchmarks.gpu_common import DevicePeak, environment, job_cells, job_config, seven_b_dir
+    from benchmarks.gpu_common import DevicePeak, environment, job_config, seven_b_dir
     from eps_screen.job import engines
     from eps_screen.job.memory import memory_plan
     from eps_screen.store import ResultStore
     from flows.cell import cell
 
+    if cap_gib:
+        torch.cuda.set_per_process_memory_fraction(cap_gib * 2**30 / torch.cuda.mem_get_info()[1])
     started = time.perf_counter()
     model_dir = seven_b_dir(Path(os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab")))
     build_s = time.perf_counter() - started
@@ -40,7 +48,6 @@ def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
     # per_job, the default: the flow's job task (all trainings, then one multi-LoRA evaluation); the per_cell path
     # runs through the same pipeline functions in benchmarks/gpu_job_bench.py.
     config = job_config(model_dir, tmp_path / "store", engine_cache=cache, execution={"job_eval": "per_job"})
-    cells = job_cells()
     with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
         t = time.perf_counter()
         summaries = cell(config, [c.id for c in cells])
@@ -57,21 +64,50 @@ def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
         allocated_peaks[c.id] = m["train"]["peak_allocated_gb"]
     stats = engines.stats()[str(model_dir)]
     assert stats["sleep_s"], "the engine must sleep while the job trains"
-    plan = memory_plan(config)
-    out = Path(os.environ.get("OUT") or "test-output")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_job_test.json").write_text(json.dumps({
+    return {
         "environment": environment(),
+        "cap_gib": cap_gib,
         "model_build_s": build_s,
         "flow_s": flow_s,
         "engine": stats,
         "device_peak_gib": device.gib,  # the driver's figure, sampled every 0.2 s: the awake engine fills the card
         "training_peak_gib": train_peaks,  # engine asleep: what an 80 GB card must hold
         "training_peak_allocated_gib": allocated_peaks,  # the same, counting allocated instead of reserved memory
-        "planned_training_peak_gib": plan.train_peak_gib,
+        "planned_training_peak_gib": memory_plan(config).train_peak_gib,
         "cells": summaries,
-    }, indent=1, default=str))
+    }
+
+
+def _write(name: str, result: dict) -> None:
+    out = Path(os.environ.get("OUT") or "test-output")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(result, indent=1, default=str))
+
+
+def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
+    from benchmarks.gpu_common import job_cells
+
+    result = _run_job(tmp_path, job_cells())
+    _write("gpu_job_test.json", result)
     # The memory plan that decides before renting whether a job fits a card must not under-count what training,
     # beside the sleeping engine, needs. That is the allocated figure: the allocator's cache beyond it (the device
     # figure) is handed back and the allocation retried before a CUDA out-of-memory error.
-    assert max(allocated_peaks.values()) <= plan.train_peak_gib, (allocated_peaks, plan)
+    allocated = result["training_peak_allocated_gib"]
+    assert max(allocated.values()) <= result["planned_training_peak_gib"], result
+
+
+def test_a_job_with_long_cells_fits_an_80gb_card(tmp_path):
+    """The whole job (engine start, answer sets, A0B0 cells trained together, A1B1 cells alone, one evaluation)
+    in a process capped to an 80 GB card: the driver never shows more than that card holds."""
+    from eps_screen.design import Cell
+    from eps_screen.job import engines
+
+    if engines.stats():
+        pytest.skip("an earlier test's engine, sized to the whole card, is still up: run this one alone (-k 80gb)")
+    cells = [Cell("librarian", (a, a, 0, 0, e), 42) for a in (0, 1) for e in (0, 1)]
+    try:
+        result = _run_job(tmp_path, cells, cap_gib=EIGHTY_GB_GIB)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    _write("gpu_job_test_80gb.json", result)
+    assert result["device_peak_gib"] <= EIGHTY_GB_GIB, result
