@@ -43,6 +43,9 @@ class Interval(_Model):
     def contains(self, x: float) -> bool:
         return self.low is not None and self.high is not None and self.low <= x <= self.high
 
+    def excludes_zero(self) -> bool:
+        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
 
 class BootstrapScheme(_Model):
     resamples: int
@@ -97,6 +100,12 @@ class EffectEstimate(_Model):
         None, description="Exploratory interactions only: p_value Holm-adjusted over the nine exploratory interactions "
         "of the same response and source (family-wise error).",
     )
+
+    @property
+    def clear(self) -> bool:
+        """What the page may call clear: both the difference's and d's intervals exclude 0 (they are separate
+        percentile intervals, so one can touch 0 while the other does not)."""
+        return self.effect_ci.excludes_zero() and self.d_ci.excludes_zero()
 
     @field_validator("effect", "d", "mean_high", "mean_low", "p_value", "p_holm", mode="before")
     @classmethod

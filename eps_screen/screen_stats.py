@@ -53,6 +53,7 @@ from eps_screen.stats import (
     level_mean_matrices,
     logistic_fe_clustered,
     percentile_ci,
+    rate_ci,
     resample_counts,
     term_columns,
     term_name,
@@ -70,6 +71,7 @@ from eps_screen.training_noise import (
 POOLED = "pooled"
 RESPONSES = ("SR", "LR")
 STATS = ("effect", "d", "m_hi", "m_lo")
+RATE_STATS = ("m_hi", "m_lo")  # level means: their intervals stay inside [0, 1]
 # Fewer noise contrasts than this in one source and it takes the estimate over all sources: an SD from 5 df is
 # off by a third or more half the time, and the t_df/z widening at so few df costs more than sharing does.
 MIN_SOURCE_DF = 6
@@ -366,7 +368,8 @@ def _training_note(noise: dict[str, CellNoise] | None) -> str:
 
 
 def _method(training: dict[str, dict[str, CellNoise]]) -> str:
-    base = "percentile, widened about the estimate by the few-clusters factor c = sqrt(G/(G-1)) t_{G-1}/z"
+    base = ("percentile, widened about the estimate by the few-clusters factor c = sqrt(G/(G-1)) t_{G-1}/z (a level "
+            "mean's interval, a rate's, then held inside [0, 1])")
     if not training:
         return base + "; cluster bootstrap only (no training-run variance)"
     return (
@@ -380,7 +383,8 @@ def _method(training: dict[str, dict[str, CellNoise]]) -> str:
 
 def _records(config, est: ScreenEstimates, response, source, stats, counts, partial, widen) -> list[EffectEstimate]:
     ci = config.bootstrap.ci
-    cis = {stat: percentile_ci(boot, ci, obs, widen) for stat, (obs, boot) in stats.items()}
+    cis = {stat: (rate_ci if stat in RATE_STATS else percentile_ci)(boot, ci, obs, widen)
+           for stat, (obs, boot) in stats.items()}
     p_values = bootstrap_p(stats["effect"][1], stats["effect"][0], widen)
     p_holm = _holm_exploratory(est.terms, est.pre_registered, p_values)
     out = []
@@ -514,9 +518,9 @@ def logit_sensitivity(
         for i, term in enumerate(est.terms):
             name = term_name(term)
             rate = est.find(response, name)
-            rate_clear = rate is not None and _excludes_zero(rate.effect_ci)
+            rate_clear = rate is not None and rate.effect_ci.excludes_zero()
             iv = Interval(low=effect[i] - half[i], high=effect[i] + half[i])
-            logit_clear = _excludes_zero(iv)
+            logit_clear = iv.excludes_zero()
             scale = {(True, True): "both scales", (True, False): "rate scale only",
                      (False, True): "logit scale only", (False, False): "neither"}[(rate_clear, logit_clear)]
             out.append(LogitEffect(
@@ -531,10 +535,6 @@ def logit_sensitivity(
             n_main=len(est.factors), n_pairs=len(est.terms) - len(est.factors),
         ) + ("" if fit.converged else " The fit did not converge; read it with care."))
     return " ".join(texts), out
-
-
-def _excludes_zero(iv: Interval) -> bool:
-    return iv.low is not None and iv.high is not None and (iv.low > 0 or iv.high < 0)
 
 
 _AB = [(a, b) for a in (0, 1) for b in (0, 1)]
@@ -552,7 +552,7 @@ def _ab_group_means(coded: np.ndarray, y: np.ndarray, yb: np.ndarray) -> tuple[n
 def _ab_records(response: str, ab: dict[str, tuple[np.ndarray, np.ndarray]], ci: float, widen: float) -> list[GroupMean]:
     obs = _nanmean(np.stack([v[0] for v in ab.values()]))
     boot = _nanmean(np.stack([v[1] for v in ab.values()]))
-    lo, hi = percentile_ci(boot, ci, obs, widen)
+    lo, hi = rate_ci(boot, ci, obs, widen)
     return [
         GroupMean(response=response, A=a, B=b, mean=obs[k], ci=Interval(low=lo[k], high=hi[k]))
         for k, (a, b) in enumerate(_AB)

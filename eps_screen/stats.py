@@ -262,6 +262,14 @@ def percentile_ci(
     return lo, hi
 
 
+def rate_ci(
+    samples: np.ndarray, ci: float, center: np.ndarray | float | None = None, widen: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """percentile_ci of a rate, held inside [0, 1]: widening about a rate near 0 would otherwise reach below it."""
+    lo, hi = percentile_ci(samples, ci, center, widen)
+    return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+
+
 def t_critical(p: float, df: float) -> float:
     """Student-t quantile for any df >= 1: exact for 1 and 2, Cornish-Fisher (t_quantile) from 3 on (a fractional
     df below 3, from Satterthwaite, takes the next whole df down: wider, never narrower)."""

@@ -228,7 +228,9 @@ def test_artifacts_validate_and_describe_themselves(screen, tmp_path):
     assert len(metrics.predictions) == 9 and all(p.deciding for p in metrics.predictions)
     assert result.timings_s["total"] > 0
     html = (tmp_path / "clean_result.html").read_text()
-    assert "pre-screen contamination" in html and "not recorded" in html  # gate 6 was never passed
+    assert "pre-screen contamination" in html and "not recorded" not in html
+    # gate 6 was never passed, and an in-process run has no GPU job for it to watch
+    assert "does not apply</span></td><td>in-process run: no GPU job whose progress could stall" in html
     assert "Partial screen" not in html
 
 

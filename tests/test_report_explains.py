@@ -114,7 +114,8 @@ def test_tldr_is_short_first_person_and_explains_a_fired_late_gate(tiny_report):
     assert text.startswith("I trained 96 LoRA recipes on 3 source personas") and len(text.split()) <= 130
     # A x B is clear here, so A's average over B is not its effect: the TL;DR gives A at B0 and at B1 (issue 12)
     assert f"{config.factors['A'].label} (A) has the largest average effect on source rate" in text
-    assert "but A x B is clear: A moves it by" in text and "moves source rate most" not in text
+    assert "but A x B is clear: the interaction is" in text and "moves source rate most" not in text
+    assert "A's effect on source rate is" in text  # names its response: "it" could be either
     assert "they do not stop the screen" in page  # what criteria 3 and 4 mean, fired or not
     fired = result.metrics.gates[0].model_copy(update={"number": 3, "name": "sign instability", "fired": True})
     result.metrics.gates.append(fired)

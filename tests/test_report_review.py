@@ -67,7 +67,8 @@ def test_tldr_respects_the_simple_effects(screen):
     config, result, _, page = screen
     text = tldr(config, result)
     assert "moves source rate most" not in text
-    assert "has the largest average effect on source rate" in text and "but A x B is clear: A moves it by +0.3" in text
+    assert "has the largest average effect on source rate" in text and "but A x B is clear: the interaction is" in text
+    assert "A's effect on source rate is +0.3" in text
     assert "at B0 and" in text and "at B1" in text
     tldr_on_page = html.unescape(page[page.index('id="tldr"'):page.index("</p>", page.index('id="tldr"'))])
     assert text[text.index("but A x B is clear"):text.index("at B1") + 5] in tldr_on_page

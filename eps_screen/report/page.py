@@ -21,7 +21,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.design import phases
 from eps_screen.gates import GATE_NAMES
 from eps_screen.phase_sizes import multiseed_count
-from eps_screen.report.tldr import LATE_GATES, tldr
+from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
 from eps_screen.schemas import EffectEstimate, Interval
 from eps_screen.screen_stats import declarations
 
@@ -77,6 +77,13 @@ def _predictions(result: AggregateResult) -> Raw:
     return table(["", "prediction", "verdict", "deciding figures"], rows)
 
 
+# Criteria that only a GPU pool can trip, and why an in-process run has no outcome for them.
+_GPU_GATES = {
+    5: "in-process run: no GPU job and nothing rented, so no job time or spend to cap",
+    6: "in-process run: no GPU job whose progress could stall",
+}
+
+
 def gate_rows(config: ScreenConfig, result: AggregateResult) -> list[tuple]:
     g = config.gates
     rules = {
@@ -91,7 +98,9 @@ def gate_rows(config: ScreenConfig, result: AggregateResult) -> list[tuple]:
     rows = []
     for n in range(1, 7):
         o = recorded.get(n)
-        if o is None:
+        if o is None and n in _GPU_GATES and config.execution.pool == "inprocess":
+            outcome, reason = Raw('<span class="muted">does not apply</span>'), _GPU_GATES[n]
+        elif o is None:
             outcome, reason = Raw('<span class="muted">not recorded</span>'), "no outcome passed to this aggregation"
         elif not o.evaluated:
             outcome, reason = Raw('<span class="muted">not evaluated</span>'), o.reason
@@ -121,7 +130,8 @@ def _reading(config: ScreenConfig) -> Raw:
         f"<b>LR (leakage)</b>: the marker rate of each of the other {e.personas - 1} evaluation personas, averaged over "
         "them (each weighs the same): how far it spread to personas it was not taught for. "
         "<b>d</b>: Cohen's d of a factor, level 1 minus level 0, in standard deviations of the 0/1 answers "
-        "(Main effects gives the formula); a CI that excludes 0 is a clear effect. "
+        "(Main effects gives the formula). An effect is called clear only when both its difference's and its d's "
+        "CIs exclude 0. "
         "<b>Pooled</b>: the mean over source personas. The levels of each factor, as this screen ran them, are in "
         "the design section at the bottom.</p>"
     )
@@ -144,7 +154,7 @@ def _effects_table(
     """Pooled estimate with CIs, each source's d, and the signs of those d's (the sign table of kill criterion 3);
     with holm, the pooled bootstrap p-value and its Holm adjustment over the nine exploratory interactions."""
     sources = result.estimates.sources
-    headers = ["response", "term", "status", "pooled difference [CI]", "pooled d [CI]",
+    headers = ["response", "term", "status", "pooled mean at level 0 -> 1", "pooled difference [CI]", "pooled d [CI]",
                *[f"d: {s}" for s in sources], f"signs by source ({', '.join(sources)})"]
     if holm:
         headers += ["p", "Holm-adjusted p (9 exploratory)"]
@@ -158,14 +168,14 @@ def _effects_table(
             per_source = [by[(response, term, s)].d if (response, term, s) in by else None for s in sources]
             rows.append([
                 response, p.label, p.status + (" (partial)" if p.partial else ""),
-                f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
+                f"{num(p.mean_low)} -> {num(p.mean_high)}", f"{num(p.effect)} {ci(p.effect_ci)}", f"{num(p.d)} {ci(p.d_ci)}",
                 *[num(d) for d in per_source], _signs(per_source),
                 *([_p(p.p_value), _p(p.p_holm) if p.status == "exploratory" else "not adjusted (" + p.status + ")"]
                   if holm else []),
             ])
     if not rows:
         return Raw('<p class="muted">No factorial cells yet.</p>')
-    return table(headers, rows, numeric=range(5, 5 + len(sources)))
+    return table(headers, rows, numeric=range(6, 6 + len(sources)))
 
 
 def _cells_table(result: AggregateResult) -> Raw:
@@ -268,6 +278,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         subtitle=esc(subtitle),
         plotlyjs=get_plotlyjs(),
         partial_banner=banner,
+        numbers_are=esc(numbers_are(config)),
         tldr=esc(tldr(config, result)),
         reading=_reading(config),
         gates_note=_late_gates(result),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from eps_screen.config import ScreenConfig
+from eps_screen.config import ScreenConfig, is_tiny
 from eps_screen.schemas import EffectEstimate
 
 if TYPE_CHECKING:
@@ -22,9 +22,17 @@ def _signed(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.2f}"
 
 
-def _excludes_zero(e: EffectEstimate) -> bool:
-    lo, hi = e.d_ci.low, e.d_ci.high
-    return lo is not None and hi is not None and (lo > 0 or hi < 0)
+def numbers_are(config: ScreenConfig) -> str:
+    """What the page's numbers are: simulated, from the tiny local model, or from a real model."""
+    if config.backend.training == "simulated":
+        return ("Simulated: no model was trained or asked anything. Every cell's answers were drawn from the effects "
+                "planted in the config (simulation.*), so these numbers test the statistics and the page, not the "
+                "question.")
+    if is_tiny(config.model.base):
+        return ("Tiny model: the cells fine-tuned eps-screen's own tiny chat model (2 layers, hidden size 128, built "
+                "on this machine), so these numbers show the pipeline working end to end and measure nothing about "
+                "how LoRA implants a marker in a real chat model.")
+    return f"Real model: every cell is a LoRA fine-tune of {config.model.base}, evaluated on its answers."
 
 
 def _ranked(result: AggregateResult, response: str) -> list[EffectEstimate]:
@@ -44,9 +52,9 @@ def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str
     pre = result.estimates.pre_registered[0] if result.estimates.pre_registered else ""
     said = pre.replace(":", " x ")
     depends = f" {said} is clear: {simple}." if simple else ""
-    if not _excludes_zero(top):
+    if not top.clear:
         return f"No factor moves {name} clearly: the largest, {f.label.lower()} ({top.term}), has {d}." + depends
-    clear = sum(_excludes_zero(e) for e in ranked)
+    clear = sum(e.clear for e in ranked)
     counts = f"{clear} of {len(ranked)} factors move it clearly{_interaction_count(result, response)}."
     if simple and top.term in pre.split(":"):  # the average over the other factor describes neither of its levels
         return (f"{f.label} ({top.term}) has the largest average effect on {name} ({d}), but {said} is clear: {simple}. "
@@ -56,28 +64,31 @@ def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str
 
 
 def _simple_clause(result: AggregateResult, response: str) -> str:
-    """When the (first) pre-registered X x Y is clear on this response: "X moves it by x [CI] at Y0 and y [CI] at Y1"."""
+    """When the (first) pre-registered X x Y is clear on this response: the interaction with its CI, then X's effect
+    at each level of Y (those two intervals may each contain 0: only the interaction is called clear)."""
     if not result.estimates.pre_registered:
         return ""
     term = result.estimates.pre_registered[0]
     ab = next((e for e in result.interactions.interactions
                if e.source == "pooled" and e.response == response and e.term == term), None)
-    if ab is None or not _excludes_zero(ab):
+    if ab is None or not ab.clear:
         return ""
     simple = sorted((e for e in result.interactions.simple_effects if e.source == "pooled" and e.response == response),
                     key=lambda e: e.at_level)
     if len(simple) != 2:
         return ""
+    name = _NAMES[response]
     said = " and ".join(f"{_signed(e.effect)} [{_signed(e.effect_ci.low)}, {_signed(e.effect_ci.high)}] at "
                         f"{e.at}{e.at_level}" for e in simple)
-    return f"{simple[0].factor} moves it by {said}"
+    return (f"the interaction is {_signed(ab.effect)} [{_signed(ab.effect_ci.low)}, {_signed(ab.effect_ci.high)}], "
+            f"and {simple[0].factor}'s effect on {name} is {said}")
 
 
 def _interaction_count(result: AggregateResult, response: str) -> str:
     """How many of the exploratory interactions stay clear after Holm's adjustment, when any is clear before."""
     family = [e for e in result.interactions.interactions
               if e.source == "pooled" and e.response == response and e.status == "exploratory"]
-    raw = sum(_excludes_zero(e) for e in family)
+    raw = sum(e.clear for e in family)
     if not raw:
         return ""
     held = [e.term for e in family if e.p_holm is not None and e.p_holm < 1 - result.main_effects.bootstrap.ci]
@@ -107,8 +118,10 @@ def tldr(config: ScreenConfig, result: AggregateResult) -> str:
     if not sources:
         parts.append("No factorial cell results yet, so I cannot rank the factors.")
     else:
-        parts.append(f"I trained {cov.factorial_cells} LoRA recipes on {len(sources)} source "
-                     f"persona{'s' if len(sources) > 1 else ''} and counted the marker in their answers.")
+        simulated = config.backend.training == "simulated"
+        parts.append(f"I {'simulated' if simulated else 'trained'} {cov.factorial_cells} LoRA recipes on "
+                     f"{len(sources)} source persona{'s' if len(sources) > 1 else ''} and counted the marker in their "
+                     + ("simulated answers (nothing was trained)." if simulated else "answers."))
         parts += [_answer(config, result, "SR"), _answer(config, result, "LR")]
     verdicts = Counter(p.verdict for p in result.metrics.predictions)
     if verdicts:
