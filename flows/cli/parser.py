@@ -98,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address to bind; 0.0.0.0 exposes the reports to the network (default: 127.0.0.1)")
     sv.set_defaults(module="serve")
 
+    rs = sub.add_parser("results", help="every finished cell of every screen in a store, one row each, with its "
+                                        "screen, recipe key, factor levels, seed, SR, LR and training loss")
+    rs.add_argument("--store", default="results", help=f"{STORE_HELP}; a URL store's local mirror is read "
+                                                        "(default: results)")
+    rs.add_argument("--screen", action="append",
+                    help="only this screen; repeatable (default: every screen in the store)")
+    rs.add_argument("--where", help='only the rows that meet this SQL condition over the columns, e.g. '
+                                    '"E = 1 AND current" (default: every row)')
+    rs.add_argument("--format", choices=["table", "csv", "parquet"], default="table",
+                    help="table (printed), csv (printed, or to --output) or parquet (to --output) (default: table)")
+    rs.add_argument("--output", help="write the table to this file (required for parquet; default: print it)")
+    rs.set_defaults(module="results")
+
     dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
     dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),
                     help=f"{CONFIG_HELP} (default: deployments/configs/tiny.yaml)")
