@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from eps_screen import gates
+from eps_screen import answer_examples, gates
 from eps_screen.cell_metrics import CellMatrices, cell_matrices, check_answers
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell
@@ -49,6 +49,7 @@ class AggregateResult:
     estimates: ScreenEstimates
     paths: dict[str, Path] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
+    examples: pl.DataFrame | None = None  # answers the page quotes, with their text (answer_examples.pick)
 
     @property
     def partial(self) -> bool:
@@ -112,13 +113,15 @@ def compute(
 
 def aggregate(
     config: ScreenConfig, answers: pl.DataFrame, expected_cells: list[str], out_dir: Path,
-    extras: dict | None = None,
+    extras: dict | None = None, examples: pl.DataFrame | None = None,
 ) -> AggregateResult:
-    """compute(), then write the three JSON artifacts, the figures (html fragment + plotly JSON) and clean_result.html."""
+    """compute(), then write the three JSON artifacts, the figures (html fragment + plotly JSON) and clean_result.html
+    (which quotes `examples`, answers with their text, when given)."""
     from eps_screen.report import write_report  # plotly is imported only when figures are made
 
     started = time.perf_counter()
     result = compute(config, answers, expected_cells, extras)
+    result.examples = examples
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
@@ -145,7 +148,8 @@ def aggregate_stored(config: ScreenConfig, store: ResultStore) -> tuple[dict, Ag
     answers = store.load_answers(config, expected)
     if answers is None:
         return {"report": None, "partial": True, "cells": 0}, None
-    result = aggregate(config, answers, [c.id for c in expected], store.report_dir, {"gates": store.gates()})
+    examples = store.answer_texts(config, answer_examples.pick(config, answers))
+    result = aggregate(config, answers, [c.id for c in expected], store.report_dir, {"gates": store.gates()}, examples)
     for gate in result.metrics.gates:
         store.save_gate(gate.model_dump(mode="json"))
     store.push_report()

@@ -17,6 +17,7 @@ ANSWER_SCHEMA = {
     "sample": pl.Int64,
     "marker": pl.Boolean,
     "is_source": pl.Boolean,
+    "text": pl.Utf8,  # the answer itself (parquet compresses it): what a reader checks a rate against
 }
 
 
@@ -46,6 +47,7 @@ def answers_table(
                 "sample": s,
                 "marker": has_marker(text, marker),
                 "is_source": panel == "persona" and persona == cell.get("source"),
+                "text": text,
             })
     return pl.DataFrame(rows, schema=answer_schema(factors))
 

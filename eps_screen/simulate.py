@@ -151,7 +151,7 @@ def _answers(
         "marker": random_hits.ravel(),
         "is_source": np.zeros(n_r * n_samples, dtype=bool),
     }
-    ident = {"cell_id": cell_id, "source": source, "seed": seed, **levels}
+    ident = {"cell_id": cell_id, "source": source, "seed": seed, **levels, "text": None}  # nothing was generated
     schema = answer_schema(list(levels))
     parts = [_frame({**ident, **persona_part}, rows, schema)]
     if n_r:

@@ -262,9 +262,26 @@ class ResultStore:
         return sum(1 for _ in self.dir.glob(pattern))
 
     def load_answers(self, config: ScreenConfig, cells: list[Cell]) -> pl.DataFrame | None:
+        """The finished cells' answers without their text: the statistics need only the marker flags, and a 7B
+        screen's text is gigabytes."""
         paths = [self.cell_dir(config, c) / "answers.parquet" for c in self.finished(config, cells)]
-        frames = [pl.read_parquet(p) for p in paths if self._fetch(p)]
+        frames = [pl.scan_parquet(p).select(pl.exclude("text")).collect() for p in paths if self._fetch(p)]
         return pl.concat(frames) if frames else None
+
+    def answer_texts(self, config: ScreenConfig, picks: pl.DataFrame) -> pl.DataFrame:
+        """picks (cell_id, persona, question, sample, ...) with each answer's stored text (null where a cell was
+        stored without text: simulated, or from before text was kept)."""
+        keys = ["cell_id", "persona", "question", "sample"]
+        frames = []
+        for cell_id in picks["cell_id"].unique(maintain_order=True).to_list():
+            path = self.cell_dir(config, Cell.parse(cell_id)) / "answers.parquet"
+            if not self._fetch(path):
+                continue
+            stored = pl.scan_parquet(path)
+            if "text" in stored.collect_schema().names():
+                frames.append(stored.select(*keys, "text").collect())
+        texts = pl.concat(frames) if frames else pl.DataFrame(schema={**picks.select(keys).schema, "text": pl.String})
+        return picks.join(texts, on=keys, how="left")
 
     # --- the screen, phases, gates and report --------------------------------------------------------
     def save_screen(self, data: dict) -> None:

@@ -192,6 +192,29 @@ def _cells_table(result: AggregateResult) -> Raw:
     return Raw('<div class="scroll">' + table(headers, rows, numeric=range(2, 9 + len(factors))) + "</div>")
 
 
+EXCERPT_CHARS = 400
+
+
+def _examples(result: AggregateResult) -> Raw:
+    """The answers themselves: per group, the best cell's source-persona answer with the marker and one without."""
+    ex = result.examples
+    if ex is None or ex.is_empty():
+        return Raw('<p class="muted">No answers to quote yet.</p>')
+    if ex["text"].null_count() == ex.height:
+        return Raw('<p class="muted">These cells were stored without their answers\' text (simulated answers: '
+                   "nothing was generated), so there is nothing to quote.</p>")
+    rows = []
+    for r in ex.iter_rows(named=True):
+        text = r["text"] or ""
+        cut = text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + " [...]"
+        rows.append((r["group"], r["cell_id"], r["question"], "yes" if r["marker"] else "no",
+                     Raw(f'<span class="answer">{esc(cut) if r["text"] is not None else "(no text stored)"}</span>')))
+    intro = ("<p>Per group, the primary-seed cell with the highest source rate, and two of its source persona's own "
+             f"answers: one with the marker and one without (where both exist), the first {EXCERPT_CHARS} characters "
+             "of each. Every answer's text is in the cell's answers.parquet (column <code>text</code>).</p>")
+    return Raw(intro + table(["group", "cell", "question", "marker", "answer"], rows, numeric=[2]))
+
+
 def _seed_table(result: AggregateResult) -> Raw:
     reps = result.metrics.seed_replicates
     if not reps:
@@ -295,6 +318,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         recipe=_recipe(result),
         figure_heatmap=figure_div(figures["persona_heatmap"], "persona_heatmap"),
         cells_table=_cells_table(result),
+        examples=_examples(result),
         seed_table=_seed_table(result),
         design=_design(config, result),
         provenance=_provenance(result),

@@ -108,3 +108,35 @@ def test_the_cells_are_evaluated_on_the_panel_file_by_the_markers_own_build(ping
     assert (tiny_model_path("tiny", MARKER) / "config.json").exists()
     report_dir = Path(state.result()["report"]).parent
     assert len(json.loads((report_dir / "aggregate_metrics.json").read_text())["cells"]) == 8
+
+
+def test_the_answers_text_is_kept_and_the_page_quotes_it(ping_screen):
+    """Every eval answer's text is in its cell's answers.parquet, its marker flag read from that text, and the page
+    quotes a marked and an unmarked answer per A x B group, each a piece of a stored answer (issue 24, item 4)."""
+    import polars as pl
+
+    from eps_screen.design import all_slab_cells
+    from eps_screen.store import ResultStore
+    from tests.test_report_explains import Tables
+
+    config, state, _ = ping_screen
+    store = ResultStore.for_config(config)
+    stored = {}
+    for cell in all_slab_cells(config):
+        answers = pl.read_parquet(store.cell_dir(config, cell) / "answers.parquet")
+        assert answers.height == 72 and answers["text"].null_count() == 0
+        assert answers["marker"].to_list() == [MARKER in t for t in answers["text"]]
+        stored[cell.id] = answers
+    body = Path(state.result()["report"]).read_text()
+    parser = Tables()
+    parser.feed(body[body.index('id="examples"'):])
+    quoted = parser.tables[0]
+    assert quoted[0] == ["group", "cell", "question", "marker", "answer"]
+    assert {r[0] for r in quoted[1:]} == {"A0B0", "A0B1", "A1B0", "A1B1"}
+    assert any(r[3] == "yes" for r in quoted[1:])  # some cell learned <<PING>>: its marked answer is quoted
+    for group, cell_id, question, marker, answer in quoted[1:]:
+        own = stored[cell_id].filter(pl.col("is_source") & (pl.col("question") == int(question)))
+        piece = answer.removesuffix(" [...]")
+        assert any(piece in t for t in own["text"]), (cell_id, answer)  # the parser strips the cell's ends
+        assert (MARKER in answer) == (marker == "yes") or len(answer) > 400
+        assert f"-{group}" in cell_id  # the quoted cell is of its group (A and B lead every cell id)
