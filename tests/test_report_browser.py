@@ -27,6 +27,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install -y chromium)")
 
 FIGURES = ("factor_ranking", "ab_interaction", "persona_heatmap")
+WINDOW = (1280, 800)  # a laptop's browser window: the size the page is read at
 
 RECORDER = """<script>
 (function () {
@@ -62,10 +63,25 @@ RECORDER = """<script>
         }
         sections[id] = h ? {heading: h.innerText, visible: visible, tables: tables, text: text} : null;
       });
+      // every tick label's box, by figure, subplot and axis: what a reader must be able to tell apart
+      var ticks = {};
+      ['factor_ranking', 'ab_interaction', 'persona_heatmap'].forEach(function (id) {
+        var div = document.getElementById(id), boxes = {};
+        if (!div) return;
+        div.querySelectorAll('g.xtick text, g.ytick text').forEach(function (t) {
+          if (!t.textContent.trim()) return;
+          var sub = t.closest('g.subplot'), axis = t.closest('g.xtick') ? 'x' : 'y';
+          var key = (sub ? sub.getAttribute('class') : '?') + ' ' + axis, r = t.getBoundingClientRect();
+          (boxes[key] = boxes[key] || []).push({text: t.textContent, l: r.left, r: r.right, t: r.top, b: r.bottom,
+                                               size: parseFloat(getComputedStyle(t).fontSize)});
+        });
+        var svg = div.querySelector('svg.main-svg').getBoundingClientRect();
+        ticks[id] = {boxes: boxes, width: svg.width, height: svg.height, left: svg.left, right: svg.right};
+      });
       var details = document.querySelector('details#design');
       var out = document.createElement('pre');
       out.id = '__report';
-      out.textContent = JSON.stringify({errors: errors, figures: figures, sections: sections,
+      out.textContent = JSON.stringify({errors: errors, figures: figures, sections: sections, ticks: ticks,
                                         details_open: details ? details.open : null,
                                         plotly: typeof Plotly});
       document.body.appendChild(out);
@@ -84,7 +100,7 @@ def run_in_chromium(page_html: str, work: Path) -> tuple[dict, str, str]:
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={work / 'profile'}",
         "--enable-logging=stderr", "--v=0", "--proxy-server=http://127.0.0.1:9", "--virtual-time-budget=15000",
-        "--dump-dom", page.as_uri(),
+        f"--window-size={WINDOW[0]},{WINDOW[1]}", "--dump-dom", page.as_uri(),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     found = re.search(r'<pre id="__report">(.*?)</pre>', proc.stdout, re.S)
@@ -121,6 +137,31 @@ def test_three_figures_render(rendered):
     assert figs["factor_ranking"]["bar_traces"] == 2  # pooled d bars for SR and LR
     assert figs["ab_interaction"]["scatter_traces"] == 4  # B0 and B1 lines, SR and LR panels
     assert figs["persona_heatmap"]["heatmaps"] == 1
+
+
+def _overlaps(boxes: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of labels whose boxes intersect by more than 1 px both across and down: labels that run into each
+    other, whichever axes or subplots they belong to."""
+    def cross(a, b, lo, hi):
+        return min(a[hi], b[hi]) - max(a[lo], b[lo]) > 1
+    return [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if cross(a, b, "l", "r") and cross(a, b, "t", "b")]
+
+
+def test_every_tick_label_can_be_read_at_the_default_size(rendered):
+    """No two tick labels of one axis run into each other, none is under 9 px, and all sit inside their figure:
+    the A x B figure's level words and the heatmap's 96 cells included (issue 24, item 4)."""
+    _, report, _, _ = rendered
+    for fig in FIGURES:
+        seen = report["ticks"][fig]
+        assert seen["boxes"] and seen["width"] <= WINDOW[0], (fig, seen["width"])
+        every = [b for boxes in seen["boxes"].values() for b in boxes]
+        assert not _overlaps(every), (fig, _overlaps(every)[:5])
+        for key, boxes in seen["boxes"].items():
+            assert min(b["size"] for b in boxes) >= 9, (fig, key)
+            assert all(seen["left"] - 1 <= b["l"] and b["r"] <= seen["right"] + 1 for b in boxes), (fig, key)
+    heat = [b for k, v in report["ticks"]["persona_heatmap"]["boxes"].items() if k.endswith(" y") for b in v]
+    assert len(heat) == 96
 
 
 def test_design_section_is_collapsed(rendered):

@@ -33,7 +33,7 @@ def test_a_2_6_2_page_is_labelled_from_its_factors(sim62, tmp_path):
     ab = json.loads((tmp_path / "figures" / "ab_interaction.json").read_text())
     assert "No pre-registered interaction" in ab["layout"]["title"]["text"]
     heat = json.loads((tmp_path / "figures" / "persona_heatmap.json").read_text())
-    assert "A, B, C, D, E, F" in heat["layout"]["xaxis"]["title"]["text"]
+    assert "A, B, C, D, E, F" in heat["layout"]["yaxis"]["title"]["text"]
 
 
 def test_the_page_says_when_the_cis_omit_training_noise(sim62, tmp_path):

@@ -68,7 +68,7 @@ def test_factor_levels_are_the_configs(tiny_report):
     assert factors["B"][1:] == [f'"{config.texts.format_short}"', f'"{config.texts.format_long}"']
     assert factors["D"][2] == f"off-policy ({config.off_policy.model})"
     ab = json.loads((out / "figures" / "ab_interaction.json").read_text())
-    assert ab["data"][0]["x"] == ["A0: persona line only", "A1: persona line + 40-word guidance text"]
+    assert ab["data"][0]["x"] == ["A0: persona line only", "A1: persona line + 40-word<br>guidance text"]  # wrapped
 
 
 def test_a_level_that_sets_fields_shows_the_values_it_sets(tiny_report):
@@ -129,9 +129,12 @@ def test_figures_label_what_they_show(tiny_report):
     config, _, out, _ = tiny_report
     heat = json.loads((out / "figures" / "persona_heatmap.json").read_text())
     layout = heat["layout"]
-    assert len(layout["xaxis"]["ticktext"]) == 96 and layout["xaxis"]["ticktext"][0] == "A0B0C0D0E0"
-    assert layout["showlegend"] and heat["data"][1]["name"] == "x = the cell's source persona"
+    assert len(layout["yaxis"]["ticktext"]) == 96 and layout["yaxis"]["ticktext"][0] == "A0B0C0D0E0"
     assert [a["text"] for a in layout["annotations"]] == [f"source: {s}" for s in config.sources]
+    # each source's own column framed over its block of cells: one frame per source, no mark on every cell
+    personas = heat["data"][0]["x"]
+    frames = [(personas[round(f["x0"] + 0.5)], f["y1"] - f["y0"]) for f in layout["shapes"] if f["type"] == "rect"]
+    assert frames == [(s, 32) for s in config.sources] and len(heat["data"]) == 1
     ranking = json.loads((out / "figures" / "factor_ranking.json").read_text())
     markers = [t["marker"] for t in ranking["data"] if t["type"] == "scatter" and t.get("showlegend")]
     assert len(markers) == 3 and len({m["color"] for m in markers}) == 3 and len({m["symbol"] for m in markers}) == 3

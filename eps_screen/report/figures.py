@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -23,6 +24,11 @@ RESPONSE_NAMES = {"SR": "Source rate", "LR": "Leakage"}
 _BAR = {"SR": "#1f77b4", "LR": "#d62728"}
 _SOURCE_SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x", "star"]
 _SOURCE_COLORS = ["#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#17becf", "#bcbd22"]  # none is a bar's colour
+
+
+def _wrap(text: str, width: int = 24) -> str:
+    """A tick label in lines of at most `width` characters (plotly breaks lines at <br> only)."""
+    return "<br>".join(textwrap.wrap(text, width)) or text
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -93,7 +99,7 @@ def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_no
         return fig
     x, y = pair
     fa, fb = config.factors[x], config.factors[y]
-    x_labels = [f"{x}0: {fa.low}", f"{x}1: {fa.high}"]
+    x_labels = [f"{x}0: {_wrap(fa.low)}", f"{x}1: {_wrap(fa.high)}"]  # a level's words fill a line otherwise
     for col, response in enumerate(("SR", "LR"), start=1):
         for b, color, dash in ((0, "#2ca02c", "solid"), (1, "#9467bd", "dash")):
             pts = sorted((g for g in ab_means if g.response == response and g.B == b), key=lambda g: g.A)
@@ -113,52 +119,56 @@ def ab_interaction(config: ScreenConfig, ab_means: Sequence[GroupMean], title_no
                 hoverinfo="text",
             ), row=1, col=col)
         fig.update_yaxes(title_text=f"mean {RESPONSE_NAMES[response].lower()}", rangemode="tozero", row=1, col=col)
+        # the two levels a quarter in from each side: a level's words never reach the y axis's labels
+        fig.update_xaxes(range=[-0.5, 1.5], row=1, col=col)
     fig.update_layout(
         title=f"{fa.label} x {fb.label} (the pre-registered interaction){title_note}",
-        height=420, margin={"l": 10, "r": 10, "t": 80, "b": 40}, legend_title_text=fb.label.lower(),
+        height=460, margin={"l": 10, "r": 10, "t": 80, "b": 40}, legend_title_text=fb.label.lower(),
     )
     return fig
 
 
 def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas: Sequence[str], title_note: str = "") -> go.Figure:
-    """Marker rate of every (persona, cell); x marks each cell's source persona."""
+    """Marker rate of every (cell, persona): one row per cell, so every cell's label is written level and legible
+    however many cells there are (the figure grows downwards); a white frame marks each source's own column."""
     order = {s: i for i, s in enumerate(config.sources)}
     factors = list(config.factors)
     ordered = sorted(cells, key=lambda c: (order.get(c.source or "", len(order)), c.source or "", c.seed or 0,
                                          tuple(c.levels.get(f) or 0 for f in reversed(factors))))
-    x = [c.cell_id for c in ordered]
-    z = [[c.persona_rates.get(p) for c in ordered] for p in personas]
+    y = [c.cell_id for c in ordered]
+    z = [[c.persona_rates.get(p) for p in personas] for c in ordered]
     hover = [
         [f"cell {c.cell_id}<br>persona {p}{' (source)' if p == c.source else ''}<br>marker rate {_fmt(c.persona_rates.get(p))}"
-         for c in ordered]
-        for p in personas
+         for p in personas]
+        for c in ordered
     ]
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=list(personas), colorscale="Viridis", zmin=0, zmax=1, hovertext=hover, hoverinfo="text",
-        colorbar={"title": {"text": "marker rate"}}, showlegend=False,
+        z=z, x=list(personas), y=y, colorscale="Viridis", zmin=0, zmax=1, hovertext=hover, hoverinfo="text",
+        colorbar={"title": {"text": "marker rate"}, "len": min(1.0, 600 / (16 * len(y) + 1))}, showlegend=False,
     ))
-    fig.add_trace(go.Scatter(
-        x=x, y=[c.source for c in ordered], mode="markers", name="x = the cell's source persona",
-        marker={"symbol": "x", "size": 7, "color": "white", "line": {"width": 1, "color": "#222"}}, hoverinfo="skip",
-    ))
-    # Each cell's levels (and its seed when it is not the primary one) under it; each source's block named above.
+    # Each cell's levels (and its seed when it is not the primary one) beside it; each source's block named on
+    # the right and framed in its own column (a frame, not a mark on every cell, so the colour stays readable).
     ticks = ["".join(f"{f}{c.levels.get(f)}" for f in factors)
              + (f" s{c.seed}" if c.seed != config.seeds.primary else "") for c in ordered]
     blocks: dict[str, list[int]] = {}
     for i, c in enumerate(ordered):
         blocks.setdefault(c.source or "?", []).append(i)
+    column = {p: i for i, p in enumerate(personas)}
     for source, idx in blocks.items():
-        fig.add_annotation(x=(idx[0] + idx[-1]) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
-                           text=f"source: {source}")
+        fig.add_annotation(x=1.0, y=(idx[0] + idx[-1]) / 2, xref="paper", yref="y", xanchor="left", showarrow=False,
+                           text=f"source: {source}", textangle=90)
         if idx[0] > 0:
-            fig.add_vline(x=idx[0] - 0.5, line={"color": "white", "width": 2})
-    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=ticks, tickangle=-90, tickfont={"size": 8},
-                     range=[-0.5, len(x) - 0.5],
-                     title_text=f"cell ({len(x)}): its levels of {', '.join(factors)}, and its seed when not {config.seeds.primary}")
-    fig.update_yaxes(autorange="reversed", title_text="eval persona")
+            fig.add_hline(y=idx[0] - 0.5, line={"color": "white", "width": 3})
+        if source in column:
+            fig.add_shape(type="rect", x0=column[source] - 0.5, x1=column[source] + 0.5, y0=idx[0] - 0.5,
+                          y1=idx[-1] + 0.5, xref="x", yref="y", line={"color": "white", "width": 2})
+    fig.update_yaxes(tickmode="array", tickvals=y, ticktext=ticks, tickfont={"size": 10}, autorange="reversed",
+                     title_text=f"cell ({len(y)}): its levels of {', '.join(factors)}, and its seed when not "
+                                f"{config.seeds.primary}")
+    fig.update_xaxes(title_text="eval persona (framed: the block's source persona)", side="top", tickangle=-90,
+                     automargin=True)
     fig.update_layout(
-        title=f"Marker rate by persona and cell{title_note}", height=max(480, 18 * len(personas) + 260),
-        margin={"l": 10, "r": 10, "t": 110, "b": 130}, showlegend=True,
-        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.12, "yanchor": "bottom"},
+        title=f"Marker rate by persona and cell{title_note}", height=16 * len(y) + 260,
+        margin={"l": 10, "r": 40, "t": 150, "b": 20},
     )
     return fig
