@@ -5,7 +5,7 @@ with vLLM, trains each LoRA (engine asleep), evaluates every adapter in one mult
 Random weights, no download: benchmarks/gpu_common.seven_b_dir (tiny tokenizer, vocabulary sized to it).
 Run on the H200 test machine: `python -m pytest -m gpu tests/gpu/test_gpu_job.py`. Writes gpu_job_test.json
 ($OUT there, else test-output/) with each cell's timings and the engine's start, sleep and wake times, and
-gpu_job_test_80gb.json for the same job with A1B1 cells in a process capped to an 80 GB card.
+gpu_job_test_80gb.json for the same job with A1B1 cells on the H200 made an 80 GB card by a ballast process.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ pytestmark = [
 EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.job.memory)
 
 
-def _run_job(tmp_path, cells, cap_gib: float | None = None) -> dict:
-    """One GPU job of `cells` through the `cell` flow; with `cap_gib`, the process capped to that much of the card
-    (torch.cuda.set_per_process_memory_fraction, which the vLLM engine sizes itself to)."""
+def _run_job(tmp_path, cells, card_gib: float | None = None) -> dict:
+    """One GPU job of `cells` through the `cell` flow; with `card_gib`, on a card made that small by a ballast
+    process holding the rest (so the engine sizes itself to what is free, and what the sleeping engine releases is
+    really free: a per-process memory fraction still counts it, and training then fails at the cap)."""
     from prefect.testing.utilities import prefect_test_harness
 
     from benchmarks.gpu_common import DevicePeak, environment, job_config, seven_b_dir
@@ -39,8 +40,7 @@ def _run_job(tmp_path, cells, cap_gib: float | None = None) -> dict:
     from eps_screen.store import ResultStore
     from flows.cell import cell
 
-    if cap_gib:
-        torch.cuda.set_per_process_memory_fraction(cap_gib * 2**30 / torch.cuda.mem_get_info()[1])
+    ballast = _Ballast(card_gib) if card_gib else None
     started = time.perf_counter()
     model_dir = seven_b_dir(Path(os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab")))
     build_s = time.perf_counter() - started
@@ -48,10 +48,13 @@ def _run_job(tmp_path, cells, cap_gib: float | None = None) -> dict:
     # per_job, the default: the flow's job task (all trainings, then one multi-LoRA evaluation); the per_cell path
     # runs through the same pipeline functions in benchmarks/gpu_job_bench.py.
     config = job_config(model_dir, tmp_path / "store", engine_cache=cache, execution={"job_eval": "per_job"})
-    with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
-        t = time.perf_counter()
-        summaries = cell(config, [c.id for c in cells])
-        flow_s = time.perf_counter() - t
+    try:
+        with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
+            t = time.perf_counter()
+            summaries = cell(config, [c.id for c in cells])
+            flow_s = time.perf_counter() - t
+    finally:
+        held_gib = ballast.stop() if ballast else 0.0
     store = ResultStore.for_config(config)
     train_peaks, allocated_peaks = {}, {}
     for c in cells:
@@ -66,16 +69,39 @@ def _run_job(tmp_path, cells, cap_gib: float | None = None) -> dict:
     assert stats["sleep_s"], "the engine must sleep while the job trains"
     return {
         "environment": environment(),
-        "cap_gib": cap_gib,
+        "card_gib": card_gib,
+        "ballast_gib": held_gib,
         "model_build_s": build_s,
         "flow_s": flow_s,
         "engine": stats,
         "device_peak_gib": device.gib,  # the driver's figure, sampled every 0.2 s: the awake engine fills the card
+        "job_peak_gib": device.gib - held_gib if device.gib else None,  # less the ballast: the job's own
         "training_peak_gib": train_peaks,  # engine asleep: what an 80 GB card must hold
         "training_peak_allocated_gib": allocated_peaks,  # the same, counting allocated instead of reserved memory
         "planned_training_peak_gib": memory_plan(config).train_peak_gib,
         "cells": summaries,
     }
+
+
+class _Ballast:
+    """A process holding all of the GPU but `card_gib`: this card then behaves as one of that size."""
+
+    def __init__(self, card_gib: float):
+        import subprocess
+        import sys
+
+        free, total = torch.cuda.mem_get_info()
+        self.gib = total / 2**30 - card_gib
+        hold = ("import sys, torch; x = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device='cuda');"
+                " print('held', flush=True); sys.stdin.read()")
+        self.proc = subprocess.Popen([sys.executable, "-c", hold, str(self.gib)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "held", "the ballast process could not take its share"
+
+    def stop(self) -> float:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        return self.gib
 
 
 def _write(name: str, result: dict) -> None:
@@ -98,16 +124,13 @@ def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
 
 def test_a_job_with_long_cells_fits_an_80gb_card(tmp_path):
     """The whole job (engine start, answer sets, A0B0 cells trained together, A1B1 cells alone, one evaluation)
-    in a process capped to an 80 GB card: the driver never shows more than that card holds."""
+    on the H200 made an 80 GB card: beside the ballast, the job never holds more than that card has."""
     from eps_screen.design import Cell
     from eps_screen.job import engines
 
     if engines.stats():
         pytest.skip("an earlier test's engine, sized to the whole card, is still up: run this one alone (-k 80gb)")
     cells = [Cell("librarian", (a, a, 0, 0, e), 42) for a in (0, 1) for e in (0, 1)]
-    try:
-        result = _run_job(tmp_path, cells, cap_gib=EIGHTY_GB_GIB)
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+    result = _run_job(tmp_path, cells, card_gib=EIGHTY_GB_GIB)
     _write("gpu_job_test_80gb.json", result)
-    assert result["device_peak_gib"] <= EIGHTY_GB_GIB, result
+    assert result["job_peak_gib"] <= EIGHTY_GB_GIB, result
