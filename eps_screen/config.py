@@ -383,7 +383,7 @@ class TrainingConfig(_Strict):
     compile: bool = Field(False, description="torch.compile each decoder block (dynamic shapes, ~25 s once per process); fastest measured setting.")
     max_batch_tokens: int | None = Field(
         None, ge=256,
-        description="Cut each batch into micro-batches of at most this many tokens with gradient accumulation; same examples per step. 11000 fits a 7B cell in 80 GB.",
+        description="Cut each batch into micro-batches of at most this many tokens with gradient accumulation; same examples per step. `eps-screen validate` names the largest that fits each allowed GPU type.",
     )
     together: bool = Field(
         True,

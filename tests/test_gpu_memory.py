@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -16,22 +17,30 @@ def test_shipped_qwen7b_fits_its_gpu_types():
     config = load_config(CONFIGS / "qwen7b.yaml")
     assert memory_problems(config) == []
     plan = memory_plan(config)
-    assert 50 < plan.train_peak_gib < 80 and plan.eval_min_gib < 80  # the 7B cell itself fits an 80 GB card
-    assert plan.offpolicy_min_gib > 80  # the 32B off-policy model beside it does not
+    assert 50 < plan.train_peak_gib < 80 and plan.eval_min_gib < 80  # allocated, the 7B job's training is under 80 GB
+    assert plan.train_device_gib > 80  # but not as the device holds it: the 80 GB run ran out of memory
+    assert plan.offpolicy_min_gib > 80  # and the 32B off-policy model beside it does not fit either
 
 
 def test_each_gpu_type_that_a_stage_would_not_fit_is_named_with_its_fix():
     eighty = ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"]
     problems = memory_problems(qwen7b_config(execution={"gpu_types": eighty}))
-    assert len(problems) == 1 and "off-policy answers" in problems[0] and "'NVIDIA A100-SXM4-80GB'" in problems[0]
-    assert problems[0].startswith("execution.gpu_types:") and "off_policy.kind: jsonl" in problems[0]
+    assert len(problems) == 2 and all("'NVIDIA A100-SXM4-80GB'" in p for p in problems)  # none of the H200
+    assert all(p.startswith("execution.gpu_types:") for p in problems)
+    assert "off-policy answers" in problems[1] and "off_policy.kind: jsonl" in problems[1]
     jsonl = {"kind": "jsonl", "path": "answers.jsonl"}
-    assert memory_problems(qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl)) == []
-    # without micro-batches a long cell's SFT peaks near 89 GB: fine on the H200, not on an 80 GB card
+    # training on the 80 GB card: refused with the largest micro-batch that fits, and that one is accepted
+    (training,) = memory_problems(qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl))
+    tokens = int(re.search(r"set training.max_batch_tokens to at most (\d+)$", training).group(1))
+    assert "training needs ~92 GiB, NVIDIA A100-SXM4-80GB has 79" in training and 2000 < tokens < 11000
+    fitted = qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl, training={"max_batch_tokens": tokens})
+    assert memory_problems(fitted) == [] and memory_plan(fitted).train_device_gib <= 79.2
+    # without micro-batches a long cell's SFT peaks near 89 GB allocated, ~1.5 x that on the device: refused on
+    # both cards, the H200 with a micro-batch the shipped 11,000 tokens is within
     unbatched = qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl, training={"max_batch_tokens": None})
-    assert [p for p in memory_problems(unbatched) if "training needs" in p and "max_batch_tokens" in p]
-    assert not memory_problems(qwen7b_config(execution={"gpu_types": ["NVIDIA H200"]}, off_policy=jsonl,
-                                     training={"max_batch_tokens": None}))
+    assert len([p for p in memory_problems(unbatched) if "training needs" in p and "max_batch_tokens" in p]) == 2
+    h200 = [p for p in memory_problems(unbatched) if "NVIDIA H200 has" in p]
+    assert int(re.search(r"at most (\d+)$", h200[0]).group(1)) >= 11000
     unknown = memory_problems(qwen7b_config(execution={"gpu_types": ["NVIDIA H9000"]}))
     assert unknown and "'NVIDIA H9000' has no known memory size" in unknown[0]
 
@@ -51,6 +60,7 @@ def test_validate_refuses_a_plan_that_does_not_fit(tmp_path):
     path.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(path)], capture_output=True, text=True)
     assert out.returncode == 2, out.stderr
+    assert "error: execution.gpu_types: training needs" in out.stderr
     assert "error: execution.gpu_types: off-policy answers needs" in out.stderr
     ok = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(CONFIGS / "qwen7b.yaml")],
                         capture_output=True, text=True)

@@ -10,8 +10,8 @@ activations and a KV cache sized to what is left. Figures measured on the H200 (
 - cells trained together (a job's A0B0 cells in shared passes): ~5.9 MB per token of a pass, eager, and ~1.2 GiB of
   LoRA weights, gradients and AdamW state per cell at r=32 (benchmarks/results/gpu_together_h200_run2.json, _run3).
 Both scale with the parameter count from the 7.6B measurements. They count allocated memory: the driver shows up to
-~50% more during training, the allocator's cache, which it hands back before an out-of-memory error (BENCHMARKS.md,
-"GPU memory as the device holds it").
+~50% more during training, the allocator's cache (BENCHMARKS.md, "GPU memory as the device holds it"), and an 80 GB
+run showed that beside the sleeping engine it is not handed back in time, so a card is judged on that device figure.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ AWAKE_OVERHEAD_GIB = 3.4  # CUDA graphs + the engine's activation peak
 # _run3.json).
 TOGETHER_GIB_PER_TOKEN = 5.9e-3
 ADAPTER_STATE_GIB_R32 = 1.2
+# What the device holds during training per GiB allocated: the allocator's cache on top, which does not come back
+# in time beside the sleeping engine. Measured on the H200: 59.8 / 40.2 GiB (A1 cells, the GPU job test), 82-84 /
+# 54-56 GiB (full-size A1B1); and the A1 job the plan put at 57.6 GiB allocated ran out of memory at 79 GiB on an
+# H200 made an 80 GB card by a ballast process (BENCHMARKS.md, "An 80 GB card"). A card is judged on this figure.
+DEVICE_PER_ALLOCATED = 1.5
 MIN_KV_GIB = 8.0  # below this vLLM decodes too few sequences at once to be worth its start
 MARGIN_GIB = 3.0  # eps_screen.generation.vllm_backend.GPU_MARGIN_GIB
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -73,10 +78,15 @@ class MemoryPlan:
     eval_min_gib: float  # base resident + awake engine with the smallest useful KV cache
     offpolicy_min_gib: float | None  # the off-policy model's engine beside the resident base
 
+    @property
+    def train_device_gib(self) -> float:
+        """Training's peak as the device holds it (allocated, and the allocator's cache)."""
+        return self.train_peak_gib * DEVICE_PER_ALLOCATED
+
     def problems(self, gpu: str) -> list[str]:
         have = GPU_MEMORY_GIB[gpu]
         out = []
-        for stage, need in (("training", self.train_peak_gib), ("evaluation", self.eval_min_gib),
+        for stage, need in (("training", self.train_device_gib), ("evaluation", self.eval_min_gib),
                             ("off-policy answers", self.offpolicy_min_gib)):
             if need is not None and need > have:
                 out.append(f"{stage} needs ~{need:.0f} GiB, {gpu} has {have:.0f}")
@@ -129,11 +139,35 @@ def memory_problems(config: ScreenConfig) -> list[str]:
         if gpu in unknown:
             continue
         for problem in plan.problems(gpu):
-            fix = ("set training.max_batch_tokens (11000 fits a 7B cell in 80 GB)" if problem.startswith("training")
-                   else "off_policy.kind: jsonl (answers from a file)" if problem.startswith("off-policy")
-                   else "a smaller model")
+            if problem.startswith("training"):
+                tokens = batch_tokens_that_fit(config, GPU_MEMORY_GIB[gpu])
+                fix = (f"set training.max_batch_tokens to at most {tokens}" if tokens else
+                       "a card with more memory (no micro-batch of a whole sequence fits)")
+            else:
+                fix = ("off_policy.kind: jsonl (answers from a file)" if problem.startswith("off-policy")
+                       else "a smaller model")
             out.append(f"execution.gpu_types: {problem}: remove {gpu!r}, or {fix}")
     return out
+
+
+def batch_tokens_that_fit(config: ScreenConfig, have_gib: float) -> int | None:
+    """The largest training.max_batch_tokens whose training peak, as the device holds it, fits `have_gib` (it caps
+    a long cell's micro-batch and, for cells trained together, their shared pass); None when not even a micro-batch
+    of one whole sequence, or a pass of one batch of short cells beside their adapters, fits."""
+    params = model_params(config.model.base)
+    if params is None:
+        return None
+    scale = params / REFERENCE_PARAMS
+    weights = params * BYTES[config.model.dtype] / 2**30
+    room = have_gib / DEVICE_PER_ALLOCATED - weights - SLEEPING_ENGINE_GIB - MARGIN_GIB
+    tokens = room / (TRAIN_GIB_PER_TOKEN * scale)
+    floor = 1.2 * sequence_tokens(config, 1, 1)[2]
+    if trains_together(config):
+        cells = config.execution.cells_per_job
+        state = cells * ADAPTER_STATE_GIB_R32 * config.lora.rank / 32 * scale
+        tokens = min(tokens, (room - state) / (TOGETHER_GIB_PER_TOKEN * scale))
+        floor = max(floor, config.training.batch_size * 1.2 * sequence_tokens(config, 0, 0)[2])
+    return int(tokens // 100 * 100) if tokens >= floor else None
 
 
 def memory_lines(config: ScreenConfig) -> list[str]:
@@ -142,5 +176,6 @@ def memory_lines(config: ScreenConfig) -> list[str]:
         return []
     off = f", off-policy answers ~{plan.offpolicy_min_gib:.0f}" if plan.offpolicy_min_gib else ""
     fits = [g for g in config.execution.gpu_types if g in GPU_MEMORY_GIB and not plan.problems(g)]
-    return [(f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB, evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
+    return [(f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB allocated (~{plan.train_device_gib:.0f} on the "
+             f"device), evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
              f" fits {', '.join(fits) or 'none of execution.gpu_types'}")]
