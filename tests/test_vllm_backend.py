@@ -149,19 +149,3 @@ def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size
     vllm_backend.VLLMGenerator("tiny", config)
     assert seen.get("compilation_config") == want
     assert seen["enable_sleep_mode"] is True and seen["gpu_memory_utilization"] == 0.5
-
-
-@pytest.mark.parametrize("fraction, used_gib, want_gib", [(1.0, 15.0, 121.8), (79.6 / 139.8, 15.0, 61.6)])
-def test_the_engine_sizes_itself_to_a_capped_process_not_to_the_card(fraction, used_gib, want_gib, monkeypatch):
-    # 139.8 GiB card, 15 GiB held by the training base: uncapped, the engine takes what is free less the margin;
-    # capped to an 80 GB card's 79.6 GiB, only what that card would have free.
-    import torch
-
-    from eps_screen.generation import vllm_backend
-
-    total = 139.8 * 2**30
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total - used_gib * 2**30, total))
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda: fraction, raising=False)
-    share = vllm_backend.gpu_memory_share(None)
-    assert share * total / 2**30 == pytest.approx(want_gib, abs=0.01)
-    assert vllm_backend.gpu_memory_share(0.4) == 0.4

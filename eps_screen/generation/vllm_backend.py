@@ -64,23 +64,12 @@ def gpu_memory_share(configured: float | None) -> float:
     import torch
 
     free, total = torch.cuda.mem_get_info()
-    free = min(free, _process_cap(total) - (total - free))
     share = (free - GPU_MARGIN_GIB * 2**30) / total
     if share < 0.2:
         raise RuntimeError(
             f"only {free / 2**30:.1f} of {total / 2**30:.1f} GiB free on the GPU for the vLLM engine: a smaller "
             "model, a bigger card (execution.gpu_types) or eval.vllm_gpu_memory_utilization")
     return min(share, 0.95)
-
-
-def _process_cap(total: int) -> float:
-    """The bytes this process may use: a process capped with torch.cuda.set_per_process_memory_fraction sees the
-    card as that much smaller (how an 80 GB card's job is tried on a bigger one), so the engine sizes itself to
-    the cap, not to the card."""
-    import torch
-
-    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    return (get() if get else 1.0) * total
 
 
 class VLLMGenerator:
