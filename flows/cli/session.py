@@ -20,8 +20,10 @@ def load(path: str) -> ScreenConfig:
 
 
 def prefect_env() -> None:
-    """Before Prefect is imported: no telemetry, and time for a temporary server to start on a busy machine."""
+    """Before Prefect is imported: no telemetry (the server's analytics, and the SDK's, whose first-run notice would
+    land on the terminal), and time for a temporary server to start on a busy machine."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
