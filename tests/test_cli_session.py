@@ -1,4 +1,5 @@
-"""What every command sets before Prefect is imported (flows/cli/session.py): telemetry off, server and SDK both.
+"""What every command sets before Prefect is imported (flows/cli/session.py): telemetry off, server and SDK both,
+and transformers' loading bars off (they would break into the run's progress bar).
 
 Prefect's SDK reads only DO_NOT_TRACK (and CI variables) for its own telemetry, and on a terminal prints a first-run
 notice; PREFECT_SERVER_ANALYTICS_ENABLED covers the server alone. Checked in a fresh interpreter with no CI variable
@@ -16,22 +17,25 @@ import pytest
 
 from tests.conftest import ROOT
 
-CHECK = "from prefect._internal.analytics.enabled import is_telemetry_enabled; print(is_telemetry_enabled())"
+TELEMETRY = "from prefect._internal.analytics.enabled import is_telemetry_enabled; print(is_telemetry_enabled())"
+BARS = "from transformers.utils.logging import is_progress_bar_enabled; print(is_progress_bar_enabled())"
 
 
-def _telemetry_enabled(setup: str) -> str:
+def _ask(setup: str, check: str) -> str:
     from prefect._internal.analytics.ci_detection import CI_ENV_VARS
 
-    env = {k: v for k, v in os.environ.items() if k not in CI_ENV_VARS and k != "DO_NOT_TRACK"}
-    out = subprocess.run([sys.executable, "-c", f"{setup}; {CHECK}"], cwd=ROOT, env=env, capture_output=True,
+    env = {k: v for k, v in os.environ.items()
+           if k not in CI_ENV_VARS and k not in ("DO_NOT_TRACK", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    out = subprocess.run([sys.executable, "-c", f"{setup}; {check}"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("setup, enabled", [
-    ("import flows.cli.session as s; s.prefect_env()", "False"),
-    ("pass", "True"),  # the control: Prefect's SDK telemetry is on unless something turns it off
-])
-def test_the_cli_turns_prefects_sdk_telemetry_off(setup, enabled):
-    assert _telemetry_enabled(setup) == enabled
+CLI = "import flows.cli.session as s; s.command_env()"
+
+
+@pytest.mark.parametrize("check", [TELEMETRY, BARS], ids=["prefect-sdk-telemetry", "transformers-bars"])
+def test_the_cli_turns_it_off(check):
+    assert _ask(CLI, check) == "False"
+    assert _ask("pass", check) == "True"  # the control: on unless something turns it off

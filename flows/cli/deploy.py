@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from flows.cli.session import console, prefect_env
+from flows.cli.session import command_env, console
 from flows.runtime.deploy import deploy, template_json
 
 
 def run(args) -> int:
-    prefect_env()
+    command_env()
     if args.print_template:
         print(template_json(args.print_template))
         return 0

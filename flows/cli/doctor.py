@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from eps_screen.config import ConfigError, ScreenConfig, load_config
 from eps_screen.store import ResultStore
-from flows.cli.session import console, prefect_env
+from flows.cli.session import command_env, console
 from flows.runtime.api import api_problem, api_url
 from flows.runtime.names import AGGREGATE, CELL_DEPLOYMENTS, CPU_POOL, POOL_TYPES, PRESET, RUNPOD_POOL, SCREEN
 from flows.runtime.workers import no_worker, online_workers
@@ -321,5 +321,5 @@ def doctor(config_path: str, console) -> int:
 
 
 def run(args) -> int:
-    prefect_env()
+    command_env()
     return doctor(args.config, console())

@@ -7,7 +7,7 @@ import sys
 
 from eps_screen.plan import make_plan
 from eps_screen.store import ResultStore
-from flows.cli.session import console, load, prefect_env
+from flows.cli.session import command_env, console, load
 from flows.runtime.api import api_problem
 from flows.runtime.submit import CannotSubmit, run_screen_here, submit_screen
 
@@ -16,7 +16,7 @@ def run(args) -> int:
     config = load(args.config)
     if args.store:
         config = config.model_copy(update={"store": args.store})
-    prefect_env()
+    command_env()
     store, plan = ResultStore.for_config(config), make_plan(config)
     if args.submit:
         problem = api_problem(required=True)

@@ -19,11 +19,13 @@ def load(path: str) -> ScreenConfig:
         raise SystemExit(2) from None
 
 
-def prefect_env() -> None:
-    """Before Prefect is imported: no telemetry (the server's analytics, and the SDK's, whose first-run notice would
-    land on the terminal), and time for a temporary server to start on a busy machine."""
+def command_env() -> None:
+    """Before Prefect or transformers is imported (here and in the cell processes, which inherit it): no telemetry
+    (the server's analytics, and the SDK's, whose first-run notice would land on the terminal), no loading bars
+    between the run's own progress lines, and time for a temporary server to start on a busy machine."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 

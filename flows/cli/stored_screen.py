@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from eps_screen.config import ConfigError, ScreenConfig
 from eps_screen.store import ResultStore, ScreenNotFound, load_screen
-from flows.cli.session import prefect_env
+from flows.cli.session import command_env
 from flows.runtime.submit import CannotSubmit
 
 
@@ -16,7 +16,7 @@ def screen_command(fn: Callable[[object, ScreenConfig, ResultStore], int]) -> Ca
     --submit no worker could run, is one line on stderr, exit 2."""
 
     def run(args) -> int:
-        prefect_env()
+        command_env()
         try:
             config = load_screen(args.store, args.screen)
             return fn(args, config, ResultStore.for_config(config))
