@@ -135,6 +135,43 @@ def test_progress_bar_on_a_terminal(tmp_path):
     assert "\x1b" in out and "8/114" in out and "phase 2: slab librarian" in out
 
 
+def test_prefect_log_lines_print_above_the_live_bar_not_into_it(tmp_path):
+    """While the bar is live a Prefect log line goes through the bar's console (rich prints it whole, above the
+    bar); its handler's own stream gets nothing, and has its console back once the bar stops."""
+    import logging
+
+    from rich.console import Console
+
+    from eps_screen.plan import make_plan
+    from eps_screen.store import ResultStore
+    from flows.runtime.terminal import TerminalProgress
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    config = simulated_tiny(tmp_path)
+    own, text = io.StringIO(), io.StringIO()
+    handler = PrefectConsoleHandler(stream=own)
+    logger = logging.getLogger("prefect.eps-test")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    console = Console(file=text, force_terminal=True, width=160)
+    try:
+        with TerminalProgress(config, ResultStore.for_config(config), make_plan(config).distinct_cells, console,
+                              "screen offline", poll_s=0.02):
+            time.sleep(0.1)
+            logger.info("Starting the smoke phase")
+            time.sleep(0.1)
+        assert handler.console.file is own  # restored
+        logger.info("after the bar")
+    finally:
+        logger.removeHandler(handler)
+    out = text.getvalue()
+    assert "Starting the smoke phase" in out and "Starting the smoke phase" not in own.getvalue()
+    line = next(x for x in out.split("\n") if "Starting the smoke phase" in x)
+    shown = line.split("\r")[-1].replace("\x1b[2K", "")  # what the terminal shows: the bar's line erased first
+    assert shown == "Starting the smoke phase"  # a line of its own: the bar's text is never glued to it
+    assert "after the bar" in own.getvalue()
+
+
 # --- a screen of declared factors: the 2^(6-2) of sim-6-2.yaml with its fold-over ----------------------------------
 @pytest.fixture(scope="module")
 def declared_store(tmp_path_factory):

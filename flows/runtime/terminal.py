@@ -3,6 +3,7 @@ from its store, so it works whoever runs the cells."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -44,6 +45,16 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def prefect_console_handlers() -> list:
+    """Prefect's console log handlers on every logger: each prints through a rich Console of its own, bound to
+    the stream it found when logging was set up, so its lines would land inside a live bar."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                     if isinstance(lg, logging.Logger))]
+    return list(dict.fromkeys(h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)))
+
+
 class TerminalProgress:
     """A screen's progress read from its store while something else runs it: phase, cells finished of the plan's
     distinct cells (`total`), elapsed, and time left (the cells left at the pace of those finished since this
@@ -64,6 +75,7 @@ class TerminalProgress:
         self.first: tuple[float, int] | None = None  # (when, count) at the first cell finished here
         self.last: tuple[float, int] = (self.started, -1)
         self.bar = None
+        self.handlers: list[tuple] = []  # (Prefect console handler, its own console) while the bar is live
         self.printed, self.said = 0.0, [""]
 
     def _eta(self, now: float, done: int) -> str:
@@ -120,6 +132,10 @@ class TerminalProgress:
                                 TextColumn("time left {task.fields[eta]}"), console=self.console, transient=False)
             phase, done, eta = self.state()
             self.task = self.bar.add_task(self.label, total=self.total, completed=done, phase=phase, eta=eta)
+            # Prefect's log lines go through the bar's console while it is live: printed above the bar, whole.
+            self.handlers = [(h, h.console) for h in prefect_console_handlers()]
+            for handler, _ in self.handlers:
+                handler.console = self.console
             self.bar.start()
         else:
             self._say(force=True)
@@ -133,5 +149,7 @@ class TerminalProgress:
             phase, done, eta = self.state()
             self.bar.update(self.task, completed=done, phase=phase, eta=eta)
             self.bar.stop()
+            for handler, own in self.handlers:
+                handler.console = own
         else:
             self._say()
