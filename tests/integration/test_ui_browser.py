@@ -418,7 +418,8 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
         assert gate in gate_runs, gate_runs[:2000]
     for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slab librarian", "phase 4: aggregation"):
         assert phase in phases, phases[:2000]
-    assert re.search(r"TL;DR\. I trained \d+ LoRA recipes", page), page[:2000]
+    assert re.search(r"TL;DR\. I simulated \d+ LoRA recipes", page), page[:2000]  # the preset form: simulated
+    assert "What these numbers are. Simulated: no model was trained" in page, page[:2000]
     assert "TL;DR." in summary and "114 of 114 cells" in summary, summary[:2000]
     # the gate table, as the summary artifact renders it: gate, fired, reason
     assert "gate fired reason" in summary, summary[:2000]
