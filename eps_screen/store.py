@@ -5,6 +5,7 @@
   regimes/<regime id>/<key>/          answers.jsonl (training answers) + meta.json
   cells/<cell id>/<key>/              adapter/, answers.parquet, metrics.json (written last: "finished")
   phases/pre_screen.json, smoke.json, slab-<source>.json, multiseed.json
+  costs/<flow run id>.json            what one GPU flow run cost, split among its cells (eps_screen/costs.py)
   report/                             main_effects.json, interactions.json, aggregate_metrics.json, figures, clean_result.html
 
 A key hashes everything that determines the artifact (the relevant config fields, the cell, the code's
@@ -316,6 +317,24 @@ class ResultStore:
 
     def gates(self) -> list[dict]:
         return list((self.phase("gates") or {}).values())
+
+    # --- cost: one record per priced flow run (eps_screen/costs.py) ------------------------------------
+    def save_run_cost(self, record: dict) -> None:
+        """costs/<flow run id>.json; a run priced again (re-attached, or its pod's record arriving after an
+        estimate) replaces its record, so a run is never counted twice."""
+        run_id = str(record["flow_run_id"])
+        if not run_id or "/" in run_id or run_id.startswith("."):
+            raise ValueError(f"flow_run_id {run_id!r} is not a flow run id")
+        path = self.dir / "costs" / f"{run_id}.json"
+        write_json(path, record)
+        self._push(path)
+
+    def run_costs(self) -> list[dict]:
+        """Every run cost record of the screen (a resumed screen keeps its earlier runs')."""
+        if self.remote:
+            for rel in self.remote.glob(f"{self.screen}/costs/*.json"):
+                self._refresh(self.root / rel)  # a record is replaced when its run is priced again
+        return [read_json(p) for p in sorted((self.dir / "costs").glob("*.json"))]
 
     @property
     def report_dir(self) -> Path:
