@@ -20,6 +20,7 @@ import polars as pl
 from eps_screen import answer_examples, gates
 from eps_screen.cell_metrics import CellMatrices, cell_matrices, check_answers
 from eps_screen.config import ScreenConfig
+from eps_screen.costs import screen_cost
 from eps_screen.design import Cell
 from eps_screen.gates import GateOutcome
 from eps_screen.plan import expected_cells as expected_cells_of
@@ -149,7 +150,8 @@ def aggregate_stored(config: ScreenConfig, store: ResultStore) -> tuple[dict, Ag
     if answers is None:
         return {"report": None, "partial": True, "cells": 0}, None
     examples = store.answer_texts(config, answer_examples.pick(config, answers))
-    result = aggregate(config, answers, [c.id for c in expected], store.report_dir, {"gates": store.gates()}, examples)
+    extras = {"gates": store.gates(), "cost": screen_cost(config, store).as_dict()}  # costs: the report's Cost section
+    result = aggregate(config, answers, [c.id for c in expected], store.report_dir, extras, examples)
     for gate in result.metrics.gates:
         store.save_gate(gate.model_dump(mode="json"))
     store.push_report()

@@ -128,6 +128,24 @@ def run_cost_record(*, flow_run_id: str, state: str, pool: str, cell_ids: list[s
     this run completed ({} for a run that did not complete); `keys` each cell's store key (None for the
     pre-screen), so a cell whose recipe changed later is not charged to its new key.
     """
+    seconds = {c: (None if s.get("reused") or s.get("result_missing") else own_seconds(s.get("timings")))
+               for c, s in summaries.items() if c != PRE_SCREEN_ID}
+    if PRE_SCREEN_ID in summaries:  # no timings of its own: it takes its even share of the shared time
+        seconds[PRE_SCREEN_ID] = 0.0
+    return _record(flow_run_id, state, pool, list(cell_ids), seconds, keys, pods, run_seconds, hourly_usd)
+
+
+def repriced(record: dict, pods: list[dict]) -> dict:
+    """A run's record, first stored as an estimate, priced again from its pods' records (same cells, same split
+    inputs)."""
+    cells = record["cells"]
+    return _record(record["flow_run_id"], record["state"], record["pool"], list(cells),
+                   {c: v.get("own_seconds") for c, v in cells.items()}, {c: v.get("key") for c, v in cells.items()},
+                   pods, record["pod_seconds"], 0.0)
+
+
+def _record(flow_run_id: str, state: str, pool: str, cell_ids: list[str], seconds: dict[str, float | None],
+            keys: dict[str, str | None], pods: list[dict] | None, run_seconds: float, hourly_usd: float) -> dict:
     if pods:
         pod_seconds = sum(float(p["seconds"]) for p in pods)
         gpu_seconds = sum(float(p["seconds"]) * int(p.get("gpu_count") or 1) for p in pods)
@@ -137,11 +155,7 @@ def run_cost_record(*, flow_run_id: str, state: str, pool: str, cell_ids: list[s
         pod_seconds = gpu_seconds = max(0.0, float(run_seconds))
         usd = pod_seconds * hourly_usd / 3600.0
         priced_from = "estimate"
-    seconds = {c: (None if s.get("reused") or s.get("result_missing") else own_seconds(s.get("timings")))
-               for c, s in summaries.items() if c != PRE_SCREEN_ID}
-    if PRE_SCREEN_ID in summaries:  # no timings of its own: it takes its even share of the shared time
-        seconds[PRE_SCREEN_ID] = 0.0
-    shares = split_run(list(cell_ids), pod_seconds, seconds)
+    shares = split_run(cell_ids, pod_seconds, seconds)
     return {
         "flow_run_id": flow_run_id, "state": state, "pool": pool, "priced_from": priced_from,
         "pod_seconds": round(pod_seconds, 3), "gpu_seconds": round(gpu_seconds, 3), "usd": round(usd, 6),
@@ -166,6 +180,17 @@ def _sum(costs: list[CellCost], empty: str) -> CellCost:
     kinds = {c.priced_from for c in costs}
     kind = next(k for k in ("estimate", "none", "pod", "inprocess") if k in kinds)
     return CellCost(sum(c.gpu_seconds for c in costs), sum(c.usd for c in costs), kind, sum(c.runs for c in costs))
+
+
+def charges(records: list[dict]) -> dict[tuple[str, str | None], CellCost]:
+    """Every run record's shares summed per (cell id, store key): what `eps-screen results` shows per row (a
+    cell's earlier recipe, under its own key, keeps its own cost)."""
+    out: dict[tuple[str, str | None], CellCost] = {}
+    for record in records:
+        for cell_id, part in record.get("cells", {}).items():
+            key = (cell_id, part.get("key"))
+            out[key] = _add(out.get(key), float(part["gpu_seconds"]), float(part["usd"]), record["priced_from"])
+    return out
 
 
 def _charged(config: ScreenConfig, store: ResultStore) -> tuple[dict[str, CellCost], CellCost, CellCost, int]:
@@ -216,7 +241,7 @@ def screen_cost(config: ScreenConfig, store: ResultStore, estimate: dict | None 
             mine = [c for c in phases[phase] if c.id not in cells and store.is_finished(config, c)]
             for c in mine:
                 cells[c.id] = charged.get(c.id, zero)
-            if phases[phase]:
+            if mine:  # a phase with no finished cell of its own (the slab's smoke cells count as smoke) has no row
                 by_phase[phase] = _sum([cells[c.id] for c in mine], zero.priced_from)
     if estimate is None:
         from eps_screen.estimate import estimate as estimate_of
@@ -232,3 +257,43 @@ def screen_cost(config: ScreenConfig, store: ResultStore, estimate: dict | None 
         gpu_seconds=sum(c.gpu_seconds for c in parts), usd=sum(c.usd for c in parts), cells=cells,
         pre_screen=pre, other=other, by_phase=by_phase, runs=runs,
         estimate_gpu_hours=estimate.get("gpu_hours"), estimate_usd=estimate.get("cost_usd"), priced_from=kinds)
+
+
+# ---------------------------------------------------------------- the estimate-vs-actual rows every view shows
+
+COST_HEADERS = ("what", "GPU-hours est.", "GPU-hours actual", "USD est.", "USD actual", "priced from")
+_PHASE_NAMES = {"smoke": "phase 1 smoke", "fold_over": "phase 1b fold-over", "slab": "phase 2 slabs",
+                "multiseed": "phase 3 multi-seed"}
+
+
+def cost_rows(cost: dict) -> list[tuple[str, str, str, str, str, str]]:
+    """The table of a `ScreenCost.as_dict()`, as text: the screen (estimate beside actual), then the pre-screen,
+    each phase's cells and the rest (actual only: the plan estimates the screen as a whole). The report, `status`
+    and the screen run's summary artifact show these same rows."""
+    def hours(x: float | None) -> str:
+        return "—" if x is None else f"{x:,.3f}"
+
+    def usd(x: float | None) -> str:
+        return "—" if x is None else f"${x:,.2f}"
+
+    def row(what: str, part: dict) -> tuple:
+        return (what, "—", hours(part["gpu_hours"]), "—", usd(part["usd"]), part["priced_from"])
+
+    kinds = ", ".join(f"{n} cell(s) {k}" for k, n in sorted(cost.get("priced_from", {}).items())) or "no cell yet"
+    rows = [("screen", hours(cost.get("estimate_gpu_hours")), hours(cost["gpu_hours"]),
+             usd(cost.get("estimate_usd")), usd(cost["usd"]), f"{cost['runs']} run(s); {kinds}")]
+    if cost["pre_screen"]["runs"]:
+        rows.append(row("phase 0 pre-screen", cost["pre_screen"]))
+    rows += [row(_PHASE_NAMES.get(name, name), part) for name, part in cost.get("by_phase", {}).items()]
+    if cost["other"]["runs"] or cost["other"]["usd"]:
+        rows.append(row("other runs (old recipes, unfinished cells)", cost["other"]))
+    return rows
+
+
+def cost_sentence(cost: dict) -> str:
+    """One line: actual beside the estimate, and how the actual is known."""
+    est = cost.get("estimate_usd")
+    vs = "" if est is None else f" against an estimate of ${est:,.2f} ({cost.get('estimate_gpu_hours') or 0:,.3f} GPU-h)"
+    return (f"Spent ${cost['usd']:,.2f} over {cost['gpu_hours']:,.3f} GPU-hours{vs}, from the pods' recorded prices "
+            "(price x time) where the RunPod worker published them, split among each job's cells by their recorded "
+            "seconds with the job's start-up shared evenly (eps_screen/costs.py); in-process cells cost $0.")

@@ -4,7 +4,9 @@ A cell is finished when its metrics.json exists (the store writes it last), so t
 alone, never from the adapters. A screen whose recipe changed keeps its earlier cells under other keys; `current`
 says which rows the screen's latest config would reuse. Factor columns are named by the factors' letters: screens
 with different factors share the table, a factor a screen lacks being null there. The columns are flat (no
-nested types), so the parquet reads as it is in polars, pandas or DuckDB.
+nested types), so the parquet reads as it is in polars, pandas or DuckDB. `gpu_seconds` and `cost_usd` are the
+cell's share of what its GPU runs cost (eps_screen/costs.py: the pods' recorded prices, split by the cells' recorded
+seconds), 0 for a cell computed in-process.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from pathlib import Path
 
 import polars as pl
 
+from eps_screen.costs import CellCost, charges
 from eps_screen.design import Cell, level_code
-from eps_screen.store import ScreenNotFound, cell_key, load_screen, screen_names
+from eps_screen.store import ResultStore, ScreenNotFound, cell_key, load_screen, screen_names
 
 FORMATS = ("table", "csv", "parquet")
 
@@ -36,6 +39,8 @@ _COLUMNS = (
     ("train_tokens", pl.Int64, ("train", "tokens")),
     ("train_s", pl.Float64, ("timings", "train_s")),
     ("cell_s", pl.Float64, ("timings", "total_s")),
+    ("gpu_seconds", pl.Float64, None),
+    ("cost_usd", pl.Float64, None),
 )
 
 
@@ -52,6 +57,7 @@ def _rows(root: Path, screen: str) -> list[dict]:
         config = load_screen(root, screen)
     except (ScreenNotFound, ValueError):  # a screen.json this version cannot read: its cells, without `current`
         config = None
+    priced = charges(ResultStore(root, screen).run_costs())
     rows = []
     for path in sorted((root / screen / "cells").glob("*/*/metrics.json")):
         metrics = json.loads(path.read_text())
@@ -61,8 +67,18 @@ def _rows(root: Path, screen: str) -> list[dict]:
         row |= {"screen": screen, "levels": level_code(cell.factors, cell.levels),
                 "current": None if config is None else cell_key(config, cell) == row["key"]}
         row |= dict(zip(cell.factors, cell.levels))
+        row |= _cost(priced.get((cell.id, row["key"])), metrics)
         rows.append(row)
     return rows
+
+
+def _cost(charged: CellCost | None, metrics: dict) -> dict:
+    """The cell's share of its runs' pod costs (eps_screen/costs.py); $0 for a cell computed in-process (the CPU
+    costs nothing); null for a GPU cell whose runs were never priced."""
+    if charged is not None:
+        return {"gpu_seconds": charged.gpu_seconds, "cost_usd": charged.usd}
+    in_process = _get(metrics, ("config", "execution", "pool")) in ("inprocess", None)
+    return {"gpu_seconds": 0.0, "cost_usd": 0.0} if in_process else {"gpu_seconds": None, "cost_usd": None}
 
 
 def results_table(root: str | Path, screens: list[str] | None = None) -> pl.DataFrame:

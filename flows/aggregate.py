@@ -8,6 +8,7 @@ from prefect.client.orchestration import get_client
 
 from eps_screen.aggregate import aggregate_stored
 from eps_screen.config import ScreenConfig
+from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.plan import make_plan
 from eps_screen.report.labels import level_words
 from eps_screen.report.serve import report_url
@@ -107,6 +108,10 @@ def _summary_markdown(config: ScreenConfig, result, url: str, total: int) -> str
     ]
     lines += [f"| {g.number} {g.name} | {'**yes**' if g.fired else 'no'} | {_md_cell(g.reason)} |"
               for g in result.metrics.gates]
+    if cost := result.metrics.extras.get("cost"):  # estimate beside actual, as the report's Cost section
+        lines += ["", f"**Cost.** {_md_cell(cost_sentence(cost))}", "", "| " + " | ".join(COST_HEADERS) + " |",
+                  "|---|" + "---:|" * 4 + "---|"]
+        lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in cost_rows(cost)]
     words = level_words(config)
     lines += ["", "| factor | level 0 | level 1 |", "|---|---|---|"]
     lines += [f"| {f.short} {_md_cell(f.label)} | {_md_cell(words[f.short][0])} | {_md_cell(words[f.short][1])} |"

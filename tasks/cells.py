@@ -104,4 +104,5 @@ def cell_summary(metrics: dict) -> dict:
         "adapter": metrics.get("adapter"),
         "seconds": round(metrics.get("timings", {}).get("total_s", 0.0), 2),
         "timings": {k: round(v, 3) for k, v in metrics.get("timings", {}).items()},
+        "reused": bool(metrics.get("reused")),  # found finished: this run's pod did none of its work (costs.split_run)
     }

@@ -123,3 +123,27 @@ def test_in_process_cells_cost_zero_and_say_so(tmp_path):
     pipeline.run_cell(config, cell, store)
     assert cell_costs(config, store) == {cell.id: CellCost(0.0, 0.0, "inprocess", 0)}
     assert screen_cost(config, store).usd == 0.0
+
+
+def test_the_report_status_and_summary_show_estimate_beside_actual(priced_store):
+    import inspect
+    import io
+
+    from rich.console import Console
+
+    from eps_screen.aggregate import aggregate_stored
+    from flows.aggregate import _summary_markdown
+    from flows.runtime.status import render, screen_status
+
+    config, store, _ = priced_store
+    _, result = aggregate_stored(config, store)
+    cost = result.metrics.extras["cost"]
+    assert cost["usd"] == pytest.approx(0.21) and cost["estimate_usd"] == pytest.approx(screen_cost(config, store).estimate_usd)
+    page = (store.report_dir / "clean_result.html").read_text()
+    assert '<h2 id="cost">Cost</h2>' in page and "$0.21" in page and "phase 0 pre-screen" in page
+    where = [str(store.dir)] if "where" in inspect.signature(_summary_markdown).parameters else []  # (being added)
+    markdown = _summary_markdown(config, result, "http://x/report", 10, *where)
+    assert "**Cost.** Spent $0.21" in markdown and "| screen |" in markdown
+    out = io.StringIO()
+    render(screen_status(config, store, with_prefect=False), Console(file=out, width=200))
+    assert "cost (estimate vs actual" in out.getvalue() and "$0.21" in out.getvalue()

@@ -263,6 +263,19 @@ def test_spend_cap_counts_published_pod_costs(harness):
     assert "Kill criterion 5" in str(exc)
 
 
+def test_each_priced_run_is_recorded_in_the_store_once_split_among_its_cells(harness):
+    # one $1 pod per run (the Executor publishes it as the worker would); three single-cell runs and one crash
+    store = ResultStore(STORE, "unit")
+    before = {r["flow_run_id"] for r in store.run_costs()}
+    out, ex = dispatch(harness, lambda c, a: "crash" if (c, a) == ("k1", 0) else "complete", ids("k0", "k1", "k2"),
+                       cost_usd=1.0, max_parallel_cells=3)
+    new = [r for r in store.run_costs() if r["flow_run_id"] not in before]
+    assert len(new) == len(ex.seen) == 4 and all(r["priced_from"] == "pod" for r in new)
+    assert sorted((list(r["cells"]), r["state"]) for r in new) == sorted(
+        [(ids("k0"), "Completed"), (ids("k1"), "Crashed"), (ids("k1"), "Completed"), (ids("k2"), "Completed")])
+    assert all(r["usd"] == pytest.approx(1.0) and r["gpu_seconds"] == pytest.approx(1.0) for r in new)
+
+
 def test_spend_cap_cancels_in_flight_runs(harness):
     # runs in flight are priced at gpu_hourly_usd ($1/s here): 4 hanging runs pass $3 within a second
     with pytest.raises(CostOverrun) as err:

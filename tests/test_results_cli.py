@@ -97,3 +97,34 @@ def test_bad_arguments_name_the_fix(two_screens, argv, says):
     root, *_ = two_screens
     code, out, err = _cli("--store", str(root), *argv)
     assert code == 2 and says in err and not out
+
+
+def test_cost_columns_are_each_rows_share_of_its_priced_runs_and_zero_in_process(two_screens, tmp_path):
+    from eps_screen.costs import run_cost_record
+    from eps_screen.store import cell_key
+
+    root, tiny, tiny_cells, sim, sim_cells, rerun = two_screens
+    # sim62 as though it ran on RunPod: one $0.36 job of two cells (100 s pod on 2 GPUs), cell 0 worked 60 s, 1 20 s
+    a, b = sim_cells[0], sim_cells[1]
+    pod = {"pod_id": "p1", "gpu_type": "NVIDIA H200", "cloud": "SECURE", "gpu_count": 2, "usd_per_hour": 12.96,
+           "seconds": 100.0, "usd": 0.36}
+    record = run_cost_record(flow_run_id="run-results-1", state="Completed", pool="runpod-gpu",
+                             cell_ids=[a.id, b.id], keys={c.id: cell_key(sim, c) for c in (a, b)},
+                             summaries={a.id: {"timings": {"total_s": 60.0}}, b.id: {"timings": {"total_s": 20.0}}},
+                             pods=[pod], run_seconds=101.0, hourly_usd=3.5)
+    store = ResultStore.for_config(sim)
+    store.save_run_cost(record)
+    try:
+        path = tmp_path / "cells.parquet"
+        assert _cli("--store", str(root), "--format", "parquet", "--output", str(path))[0] == 0
+        table = pl.read_parquet(path)
+        rows = {r["cell_id"]: r for r in table.filter(pl.col("screen") == "sim62").iter_rows(named=True)}
+        assert rows[a.id]["cost_usd"] == pytest.approx(0.36 * 0.7) and rows[b.id]["cost_usd"] == pytest.approx(0.36 * 0.3)
+        assert rows[a.id]["gpu_seconds"] == pytest.approx(200 * 0.7)
+        # in-process cells: $0 and 0 GPU-seconds, shown, not null
+        others = table.filter(~pl.col("cell_id").is_in([a.id, b.id]))
+        assert others["cost_usd"].null_count() == 0 and others["cost_usd"].sum() == 0.0
+        code, out, _ = _cli("--store", str(root), "--where", "cost_usd > 0", "--format", "csv")
+        assert code == 0 and sorted(pl.read_csv(io.StringIO(out))["cell_id"]) == sorted([a.id, b.id])
+    finally:
+        (store.dir / "costs" / "run-results-1.json").unlink()

@@ -19,6 +19,7 @@ from plotly.offline import get_plotlyjs
 
 from eps_screen.config import ScreenConfig
 from eps_screen.design import phases
+from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.gates import GATE_NAMES
 from eps_screen.phase_sizes import multiseed_count
 from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
@@ -277,6 +278,15 @@ def _design(config: ScreenConfig, result: AggregateResult) -> Raw:
     return Raw("\n".join(parts))
 
 
+def _cost(result: AggregateResult) -> Raw:
+    """Estimate beside actual (GPU-hours, USD), from the store's cost records (eps_screen/costs.py)."""
+    cost = result.metrics.extras.get("cost")
+    if not cost:
+        return Raw('<p class="muted">No cost recorded: this page was aggregated without the store.</p>')
+    return Raw(f"<p>{esc(cost_sentence(cost))}</p>"
+               + str(table(COST_HEADERS, cost_rows(cost), numeric=(1, 2, 3, 4), cls="cost")))
+
+
 def _provenance(result: AggregateResult) -> Raw:
     p = result.metrics.provenance
     libs = ", ".join(f"{k} {v}" for k, v in (p.get("libraries") or {}).items() if v)
@@ -308,6 +318,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         figure_ranking=figure_div(figures["factor_ranking"], "factor_ranking"),
         predictions_table=_predictions(result),
         gates_table=table(["#", "criterion", "fires when", "outcome", "numbers"], gate_rows(config, result)),
+        cost=_cost(result),
         estimator=esc(result.main_effects.estimator),
         main_effects_table=_effects_table(result, result.main_effects.effects, list(result.estimates.factors)),
         figure_ab=figure_div(figures["ab_interaction"], "ab_interaction"),

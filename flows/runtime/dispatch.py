@@ -215,6 +215,11 @@ class _Dispatch:
 
     async def run(self, cell_ids: list[str]) -> dict[str, dict]:
         await self._attach(cell_ids)
+        if self.config.execution.pool == RUNPOD_POOL:  # earlier runs of the screen whose pods' records came late
+            try:
+                await self.ledger.reprice_stored(self.client)
+            except Exception as exc:
+                self.outage.failed(exc, "re-pricing earlier runs", self.done, len(self.in_flight))
         while self.queue or self.in_flight:
             now = time.monotonic()
             await self._submit_ready(now)
@@ -225,6 +230,7 @@ class _Dispatch:
             await self._check_spend(now)
             if self.queue or self.in_flight:
                 await anyio.sleep(self.poll_s)
+        await self._settle_costs()
         stored = await stored_gates(self.store)
         await self.ledger.record_passed(stored)
         if self.config.execution.pool == RUNPOD_POOL:  # only its worker watches for bootstrap silence
@@ -301,7 +307,9 @@ class _Dispatch:
         if not state.is_final():
             return
         seconds = now - job.active_since if job.active_since else 0.0
-        self.ledger.run_ended(run.id, seconds)
+        # its cost goes to every cell the run was submitted with (a re-attached job may want fewer of them)
+        run_cells = (run.parameters or {}).get("cell_ids") or list(job.cell_ids)
+        self.ledger.run_ended(run.id, seconds, tuple(run_cells), state.name)
         job.runs.append({"flow_run_id": str(run.id), "state": state.name, "message": state.message,
                          "seconds": round(seconds, 1)})
         del self.in_flight[run.id]
@@ -318,6 +326,7 @@ class _Dispatch:
         ex = self.config.execution
         if state.is_completed():
             summaries = await _summaries(state, job, self.logger)
+            self.ledger.completed(run.id, summaries)
             self.done.update(summaries)
             if self.on_done is not None:
                 for cell_id in summaries:
@@ -333,6 +342,16 @@ class _Dispatch:
             self.failed.update(dict.fromkeys(job.cell_ids, f"{state.name}: {state.message}"))
             self.logger.error("Cell %s gave up after %d attempt(s): %s", job.name, job.attempt + 1,
                               self.failed[job.cell_ids[0]])
+
+    async def _settle_costs(self) -> None:
+        """The last runs' costs into the store (Ledger.settle); an API that fails meanwhile leaves them as estimates
+        for the next dispatch to re-price, never the screen's failure."""
+        try:
+            await self.ledger.settle(self.client, self.poll_s, publishes=self.config.execution.pool == RUNPOD_POOL)
+        except Exception as exc:
+            self.logger.warning("Could not read the last runs' pod costs (%s: %s); recorded as estimates",
+                                type(exc).__name__, str(exc)[:200])
+            await self.ledger.flush()
 
     async def _check_spend(self, now: float) -> None:
         try:

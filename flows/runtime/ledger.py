@@ -10,6 +10,12 @@ The record: a fired outcome is saved once, after dispatch has cancelled the runs
 (spend, budget, cells cancelled); the screen's `gate 5` task then shows it without writing it again. A dispatch
 that ends without a fired outcome saves the last one it judged, unless an earlier dispatch recorded it fired.
 docs/experiment.md, "Kill criteria", is the rule.
+
+The cost record: as each finished run is priced (its pod records, or the estimate once none came), the ledger saves
+it in the store split among the run's cells (eps_screen/costs.py: GPU-seconds and USD per cell, what the report,
+`status` and `results` show). A dispatch that ends waits for the last runs' pod records as pricing always does
+(_POLLS_FOR_A_COST polls), and the next dispatch of the screen first re-prices any run its store still holds as an
+estimate, so a resumed screen ends with every pod's recorded price.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from typing import Any
 from uuid import UUID
 
 import anyio
-from eps_screen_runpod.cost import read_pod_costs
+from eps_screen_runpod.cost import read_pod_records
 
+from eps_screen import costs as cost_records
 from eps_screen import gates as kill
 from eps_screen.config import ScreenConfig
-from eps_screen.store import ResultStore
+from eps_screen.design import PRE_SCREEN_ID, Cell
+from eps_screen.store import ResultStore, cell_key
 
 # A run's pod cost is published by the worker as the pod goes; after this many polls without one, the estimate
 # stands (a pool with no RunPod worker publishes none).
@@ -61,26 +69,99 @@ class Ledger:
     estimated: dict[UUID, tuple[float, int]] = field(default_factory=dict)  # run -> (usd, polls without a cost)
     last: kill.GateOutcome | None = None  # the latest outcome judged
     last_spend: float = 0.0  # the spend it was judged on
+    ended: dict[UUID, dict] = field(default_factory=dict)  # run -> what its cost record needs (run_ended, completed)
+    stored_costs: dict[str, str] | None = None  # flow run id -> priced_from of the store's records, read once
 
     @property
     def hourly_usd(self) -> float:
         return self.config.execution.gpu_hourly_usd
 
-    def run_ended(self, run_id: UUID, seconds: float) -> None:
-        """A run that ran `seconds` is priced at the hourly rate until its pod's published cost arrives."""
+    def run_ended(self, run_id: UUID, seconds: float, cell_ids: tuple[str, ...] = (), state: str = "") -> None:
+        """A run that ran `seconds` is priced at the hourly rate until its pod's published cost arrives; its cells
+        are those its cost is split among."""
         self.estimated[run_id] = (seconds * self.hourly_usd / 3600, 0)
+        self.ended[run_id] = {"cells": tuple(cell_ids), "state": state, "seconds": seconds, "summaries": {}}
+
+    def completed(self, run_id: UUID, summaries: dict[str, dict]) -> None:
+        """The cell flow's summaries of a completed run: their timings split its cost (costs.split_run)."""
+        if run_id in self.ended:
+            self.ended[run_id]["summaries"] = summaries
 
     async def price(self, client: Any) -> None:
-        """Swap estimates for the worker's published pod costs; an estimate stands after _POLLS_FOR_A_COST polls."""
+        """Swap estimates for the worker's published pod costs; an estimate stands after _POLLS_FOR_A_COST polls.
+        Each run priced is recorded in the store, split among its cells."""
         if not self.estimated:
             return
-        published = await read_pod_costs(client, list(self.estimated))
+        published = await read_pod_records(client, list(self.estimated))
         for run_id, (usd, polls) in list(self.estimated.items()):
             if run_id in published or polls >= _POLLS_FOR_A_COST:
-                self.known[run_id] = published.get(run_id, usd)
+                pods = published.get(run_id)
+                self.known[run_id] = sum(float(p["usd"]) for p in pods) if pods else usd
                 del self.estimated[run_id]
+                await self._record_cost(run_id, pods)
             else:
                 self.estimated[run_id] = (usd, polls + 1)
+
+    async def settle(self, client: Any, poll_s: float, publishes: bool) -> None:
+        """At the end of a dispatch: the last runs' pod records, waited for as `price` always waits when a RunPod
+        worker publishes them (`publishes`), else the estimate at once (no one will publish one)."""
+        while self.estimated and publishes:
+            await self.price(client)
+            if self.estimated:
+                await anyio.sleep(poll_s)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Every run still awaiting its pod's record, recorded at its estimate (no API call)."""
+        for run_id, (usd, _) in list(self.estimated.items()):
+            self.known[run_id] = usd
+            del self.estimated[run_id]
+            await self._record_cost(run_id, None)
+
+    async def reprice_stored(self, client: Any) -> None:
+        """Runs an earlier dispatch of this screen recorded as an estimate (it ended before their pods' records came)
+        get their pods' records now, where the worker has published them since."""
+        try:
+            stale = [r for r in await anyio.to_thread.run_sync(self.store.run_costs) if r["priced_from"] == "estimate"]
+        except Exception:  # an unreadable cost record never stops the screen
+            return
+        if not stale:
+            return
+        published = await read_pod_records(client, [UUID(r["flow_run_id"]) for r in stale])
+        for record in stale:
+            if pods := published.get(UUID(record["flow_run_id"])):
+                await self._save_cost(cost_records.repriced(record, pods))
+
+    async def _record_cost(self, run_id: UUID, pods: list[dict] | None) -> None:
+        ended = self.ended.pop(run_id, None)
+        if ended is None or not ended["cells"]:
+            return
+        if self.stored_costs is None:
+            try:
+                found = await anyio.to_thread.run_sync(self.store.run_costs)
+            except Exception:
+                found = []
+            self.stored_costs = {r["flow_run_id"]: r["priced_from"] for r in found}
+        # A completed run re-attached by a later dispatch is priced again: its pods' records are the same, but
+        # without them its seconds here are counted from its start to now, so an earlier record stands.
+        before = self.stored_costs.get(str(run_id))
+        if before == "pod" or (before is not None and not pods):
+            return
+        keys = {c: None if c == PRE_SCREEN_ID else cell_key(self.config, Cell.parse(c)) for c in ended["cells"]}
+        record = cost_records.run_cost_record(
+            flow_run_id=str(run_id), state=ended["state"], pool=self.config.execution.pool,
+            cell_ids=list(ended["cells"]), summaries=ended["summaries"], keys=keys, pods=pods,
+            run_seconds=ended["seconds"], hourly_usd=self.hourly_usd)
+        await self._save_cost(record)
+
+    async def _save_cost(self, record: dict) -> None:
+        try:
+            await anyio.to_thread.run_sync(self.store.save_run_cost, record)
+            if self.stored_costs is not None:
+                self.stored_costs[record["flow_run_id"]] = record["priced_from"]
+        except Exception as exc:  # a cost record must never stop the screen
+            self.logger.warning("Could not record the cost of flow run %s in the store (%s: %s)",
+                                record["flow_run_id"], type(exc).__name__, str(exc)[:200])
 
     def spend(self, in_flight_seconds: list[float]) -> float:
         running = sum(s * self.hourly_usd / 3600 for s in in_flight_seconds)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eps_screen.config import ScreenConfig
+from eps_screen.costs import COST_HEADERS, cost_rows, screen_cost
 from eps_screen.design import phases
 from eps_screen.plan import phase_cells
 from eps_screen.store import ResultStore
@@ -49,6 +50,7 @@ class ScreenStatus:
     gates: list[dict]
     screen_runs: list[Any] = field(default_factory=list)  # newest first
     prefect_note: str = ""
+    cost: dict | None = None  # eps_screen.costs.ScreenCost.as_dict(): estimate beside actual, from the store
 
     @property
     def dir(self) -> Path:
@@ -83,7 +85,15 @@ def store_status(config: ScreenConfig, store: ResultStore) -> ScreenStatus:
         if m is not None:
             s = status[cell_id]
             s.state, s.source_rate, s.leakage = "finished", m["source_rate"], m["leakage"]
-    return ScreenStatus(config, store, status, phases, bool(cells["multiseed"]), store.gates())
+    return ScreenStatus(config, store, status, phases, bool(cells["multiseed"]), store.gates(),
+                        cost=_cost(config, store))
+
+
+def _cost(config: ScreenConfig, store: ResultStore) -> dict | None:
+    try:
+        return screen_cost(config, store).as_dict()
+    except Exception as exc:  # the cost view never hides the screen's status
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
 def add_prefect(status: ScreenStatus, client) -> None:
@@ -169,6 +179,22 @@ def render_gates(gates: list[dict], console, title: str = "gates") -> None:
     console.print(table)
 
 
+def render_cost(cost: dict, console) -> None:
+    """Estimate beside actual, GPU-hours and USD (the rows of the report's Cost section)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if "error" in cost:
+        console.print(f"[yellow]cost not shown: {escape(cost['error'])}[/]")
+        return
+    table = Table(title="cost (estimate vs actual; actual from the pods' recorded prices)")
+    for i, col in enumerate(COST_HEADERS):
+        table.add_column(col, justify="right" if 0 < i < 5 else "left")
+    for row in cost_rows(cost):
+        table.add_row(*map(escape, row))
+    console.print(table)
+
+
 def design_line(config: ScreenConfig) -> str:
     """The declared factors (cell ids spell their levels in this order) and each phase's design, in one line."""
     d = phases(config)
@@ -212,6 +238,9 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
     total = status.counts(list(status.cells))
     table.add_row("[bold]all distinct[/]", str(len(status.cells)), *[str(total.get(s, "")) for s in _ORDER])
     console.print(table)
+
+    if status.cost:
+        render_cost(status.cost, console)
 
     if status.gates:
         render_gates(status.gates, console)

@@ -1,7 +1,8 @@
 """What a pod cost (price x time), published as a table artifact on its flow run.
 
-The screen's spend cap (kill criterion 5) reads these back with `read_pod_costs`, so the table's columns are
-a small contract: `usd` (float) and `pod_id` must stay.
+The screen's spend cap (kill criterion 5) reads these back with `read_pod_costs`, and its cost records
+(eps_screen/costs.py: GPU-seconds and USD per cell) with `read_pod_records`, so the table's columns are a small
+contract: `pod_id`, `usd` (float), `seconds` (float) and `gpu_count` (int) must stay.
 
 One record per pod: the artifact's key is the pod's (`cost_key`), so a write that lands twice is two versions of
 one record, never a second record. It does land twice: Prefect's client re-sends a request whose answer it did
@@ -69,21 +70,27 @@ async def publish_pod_cost(client: PrefectClient, flow_run_id: UUID, cost: PodCo
     )
 
 
-def pod_costs(artifacts: Iterable[Any]) -> dict[tuple[UUID, str], float]:
-    """USD per (flow run, pod) from cost artifacts, each pod counted once however many times its record was
-    written (the earliest write stands); artifacts that are not cost records are ignored."""
-    costs: dict[tuple[UUID, str], float] = {}
+def pod_records(artifacts: Iterable[Any]) -> dict[tuple[UUID, str], dict]:
+    """The cost record (a PodCost's fields) per (flow run, pod) from cost artifacts, each pod counted once however
+    many times its record was written (the earliest write stands); artifacts that are not cost records are ignored."""
+    records: dict[tuple[UUID, str], dict] = {}
     for art in sorted(artifacts, key=lambda a: (a.created is None, a.created or 0)):
         if art.description != ARTIFACT_DESCRIPTION or art.flow_run_id is None:
             continue
         rows = json.loads(art.data) if isinstance(art.data, str) else art.data
         for row in rows or []:
-            costs.setdefault((art.flow_run_id, str(row["pod_id"])), float(row["usd"]))
-    return costs
+            records.setdefault((art.flow_run_id, str(row["pod_id"])), dict(row))
+    return records
 
 
-async def read_pod_costs(client: PrefectClient, flow_run_ids: Iterable[UUID]) -> dict[UUID, float]:
-    """USD per flow run, the sum over its pods of each pod's cost record, once (runs without one are absent)."""
+def pod_costs(artifacts: Iterable[Any]) -> dict[tuple[UUID, str], float]:
+    """USD per (flow run, pod) from cost artifacts, each pod once (`pod_records`)."""
+    return {key: float(row["usd"]) for key, row in pod_records(artifacts).items()}
+
+
+async def read_pod_records(client: PrefectClient, flow_run_ids: Iterable[UUID]) -> dict[UUID, list[dict]]:
+    """Each flow run's pod cost records, each pod once (runs without one are absent): what the screen splits
+    among a job's cells (eps_screen/costs.py)."""
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterType,
@@ -104,7 +111,13 @@ async def read_pod_costs(client: PrefectClient, flow_run_ids: Iterable[UUID]) ->
             artifacts.extend(page)
             if len(page) < 200:
                 break
-    totals: dict[UUID, float] = {}
-    for (run_id, _pod), usd in pod_costs(artifacts).items():
-        totals[run_id] = totals.get(run_id, 0.0) + usd
-    return totals
+    by_run: dict[UUID, list[dict]] = {}
+    for (run_id, _pod), row in pod_records(artifacts).items():
+        by_run.setdefault(run_id, []).append(row)
+    return by_run
+
+
+async def read_pod_costs(client: PrefectClient, flow_run_ids: Iterable[UUID]) -> dict[UUID, float]:
+    """USD per flow run, the sum over its pods of each pod's cost record, once (runs without one are absent)."""
+    records = await read_pod_records(client, flow_run_ids)
+    return {run_id: sum(float(row["usd"]) for row in rows) for run_id, rows in records.items()}
