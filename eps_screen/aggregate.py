@@ -26,6 +26,7 @@ from eps_screen.gates import GateOutcome
 from eps_screen.plan import expected_cells as expected_cells_of
 from eps_screen.predictions import judge_predictions
 from eps_screen.provenance import provenance
+from eps_screen.report.stores import register
 from eps_screen.schemas import (
     AggregateMetricsFile,
     CellMetric,
@@ -155,6 +156,7 @@ def aggregate_stored(config: ScreenConfig, store: ResultStore) -> tuple[dict, Ag
     for gate in result.metrics.gates:
         store.save_gate(gate.model_dump(mode="json"))
     store.push_report()
+    register(store)  # the report link names this store: every `eps-screen serve` on this machine serves it now
     summary = {"report": str(result.paths["clean_result.html"]), "partial": result.partial,
                "cells": answers["cell_id"].n_unique(), "fired": [g.name for g in result.fired]}
     return summary, result

@@ -12,6 +12,7 @@ from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.plan import make_plan
 from eps_screen.report.labels import level_words
 from eps_screen.report.serve import report_url
+from eps_screen.report.stores import location
 from eps_screen.report.tldr import tldr
 from eps_screen.store import ResultStore, load_screen, screen_names
 from flows.runtime.artifacts import artifact_key
@@ -27,8 +28,10 @@ def aggregate(config: ScreenConfig) -> dict:
         get_run_logger().warning("no finished cells in %s yet: nothing to aggregate", store.dir)
         return summary
     total = make_plan(config).distinct_cells
-    url = report_url(store.url, config.name)
-    summary = {**summary, "url": url, "markdown": _summary_markdown(config, result, url, total)}
+    where = location(store)  # the link names its store, so it works whatever store `eps-screen serve` was given
+    url = report_url(where, config.name)
+    summary = {**summary, "url": url, "store": where,
+               "markdown": _summary_markdown(config, result, url, total, where)}
     logger = get_run_logger()
     logger.info("aggregated %s: report %s", cells_of(result.metrics.coverage.present, total), url)
     for caveat in result.estimates.caveats:  # what the intervals leave out, said where the results are shown
@@ -67,7 +70,8 @@ def publish(config: ScreenConfig, summary: dict) -> None:
     create_markdown_artifact(key=artifact_key(f"summary-{config.name}"), markdown=summary["markdown"],
                              description=f"screen {config.name}: TL;DR, gates, effects")
     create_link_artifact(key=artifact_key(f"report-{config.name}"), link=summary["url"],
-                         link_text="clean_result.html", description="the report (eps-screen serve serves it)")
+                         link_text="clean_result.html",
+                         description=f"the report, in the store {summary['store']} (eps-screen serve serves it)")
 
 
 def still_running(name: str) -> bool:
@@ -92,14 +96,14 @@ def cells_of(present: int, total: int) -> str:
     return f"{present} of {total} cells"
 
 
-def _summary_markdown(config: ScreenConfig, result, url: str, total: int) -> str:
+def _summary_markdown(config: ScreenConfig, result, url: str, total: int, where: str) -> str:
     """The TL;DR, the gate table, the declared factors (the values each level sets) and the pooled main-effect
-    table with what its intervals omit, with the report's link."""
+    table with what its intervals omit, with the report's link and its store."""
     cov = result.metrics.coverage
     lines = [
         f"# Screen `{config.name}`: {cells_of(cov.present, total)}"
         + (" (partial: some cells are missing)" if result.partial else ""),
-        f"[clean_result.html]({url})",
+        f"[clean_result.html]({url}) in the store `{where}`",
         "",
         f"**TL;DR.** {_md_cell(tldr(config, result))}",
         "",

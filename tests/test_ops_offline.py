@@ -219,12 +219,12 @@ def test_the_summary_shows_the_values_set_and_what_the_cis_omit(declared_store):
     _, config, store = declared_store
     _, result = aggregate_stored(config, store)
     assert result.estimates.caveats == []  # the slab's two residual contrasts per source give the training noise
-    text = _summary_markdown(config, result, "http://127.0.0.1:8765/sim-6-2/", 48)
+    text = _summary_markdown(config, result, "http://127.0.0.1:8765/sim-6-2/", 48, str(store.root))
     assert "| B LoRA rank | rank 8 (lora.rank = 8) | rank 32 (lora.rank = 32) |" in text
     assert "| A Learning rate | 1e-5 (training.learning_rate = 1e-05) |" in text
     assert "| F Loss mask |" in text and "Caveat" not in text
     off = config.model_copy(update={"bootstrap": config.bootstrap.model_copy(update={"training_noise": False})})
     _, result = aggregate_stored(off, store)
-    text = _summary_markdown(off, result, "http://127.0.0.1:8765/sim-6-2/", 48)
+    text = _summary_markdown(off, result, "http://127.0.0.1:8765/sim-6-2/", 48, str(store.root))
     assert result.estimates.caveats and all(f"**Caveat.** {c}" in text for c in result.estimates.caveats)
     assert "The CIs omit training-run noise" in text

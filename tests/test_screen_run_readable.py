@@ -93,13 +93,17 @@ def test_log_has_phases_gates_and_counts(run):
 
 
 def test_artifacts_on_the_screen_run_itself(run):
-    artifacts = run[3]
+    from eps_screen.report.stores import store_id
+
+    store, artifacts = run[1], run[3]
     assert {"summary-readable", "report-readable", "progress-readable"} <= set(artifacts)
     summary = artifacts["summary-readable"].data
     assert "**TL;DR.**" in summary and "| gate | fired | reason |" in summary
     assert "| effect (pooled over sources) |" in summary and f"of {TOTAL} cells" in summary
     link = artifacts["report-readable"].data
-    assert "http://127.0.0.1:8765/readable/report/clean_result.html" in link and "file://" not in link
+    sid = store_id(str(store.resolve()))  # the link names its store: it works whatever store `eps-screen serve` has
+    assert f"http://127.0.0.1:8765/stores/{sid}/readable/report/clean_result.html?store=" in link
+    assert "file://" not in link
     assert artifacts["progress-readable"].description == f"finished: {TOTAL} of {TOTAL} cells"
 
 

@@ -90,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="seconds to wait for cell runs of the last screen run still in flight "
                                  "(default: 3600)")
 
-    sv = sub.add_parser("serve", help="serve the store's reports over HTTP, read-only (what the screen run links to)")
-    sv.add_argument("--store", default="results", help=f"{STORE_HELP}; a URL store's local mirror is served "
-                                                        "(default: results)")
+    sv = sub.add_parser("serve", help="serve the reports of the store, and of every store a screen run registered on "
+                                      "this machine, over HTTP, read-only (what the screen run links to)")
+    sv.add_argument("--store", default="results", help=f"{STORE_HELP}, the one its short links /SCREEN/ name; a URL "
+                                                        "store's local mirror is served (default: results)")
     sv.add_argument("--port", type=int, default=8765, help="port; 0 picks a free one (default: 8765)")
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to bind; 0.0.0.0 exposes the reports to the network (default: 127.0.0.1)")

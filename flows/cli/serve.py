@@ -1,17 +1,20 @@
-"""`eps-screen serve`: the store's reports over HTTP, read-only (what a screen run's report link points to)."""
+"""`eps-screen serve`: the reports of the store and of every store a screen run registered on this machine, over
+HTTP, read-only (what a screen run's report link points to)."""
 
 from __future__ import annotations
 
 from eps_screen.report.serve import REPORT_URL_ENV, make_server
+from eps_screen.report.stores import registry_dir
 from eps_screen.store import ResultStore
 
 
 def run(args) -> int:
-    root = ResultStore(args.store, "-").root  # a URL store: its local mirror on this machine
-    server = make_server(root, args.host, args.port)
+    store = ResultStore(args.store, "-")  # a URL store: its local mirror on this machine
+    server = make_server(store.root, args.host, args.port, store.url)
     host, port = server.server_address[:2]
-    print(f"serving the reports of {root} at http://{host}:{port}/ (read-only; Ctrl-C stops it); screen runs link "
-          f"here unless {REPORT_URL_ENV} says otherwise", flush=True)
+    print(f"serving the reports of {store.root} at http://{host}:{port}/, and of every store registered in "
+          f"{registry_dir()} (read-only; Ctrl-C stops it); screen runs link here unless {REPORT_URL_ENV} says "
+          "otherwise", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

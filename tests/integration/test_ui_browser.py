@@ -8,7 +8,9 @@ first Submit is answered 503, as a locked SQLite server answers it, and the test
 again, as a person would. Then it renders the screen run (named `screen-ui-screen`): its graph, its task runs (one per
 kill criterion), its phase subflows (a slab's cells in the subflow's task runs), its artifacts; it reads the gate
 table in the summary artifact of the screen run itself and follows the run's report link, an http URL of `eps-screen
-serve`, to the page's TL;DR. Screenshots and page texts: test-output/ui-*.png, ui-*.txt (docs/img/ has copies).
+serve`, to the page's TL;DR. That screen's store is not the one `eps-screen serve` was started on (issue 24): the link
+names its store, which the run registered. Screenshots and page texts: test-output/ui-*.png, ui-*.txt (docs/img/ has
+copies).
 
 Screens of declared factors (issue 22, "Done when": a browser test starts one from the Prefect UI), on the same
 server and worker: sim-6-2 (a 2^(6-2) of five config fields and the loss mask) picked in the preset form's dropdown,
@@ -35,6 +37,9 @@ import anyio
 import pytest
 import requests
 
+from eps_screen.report.serve import report_url
+from eps_screen.report.stores import location
+from eps_screen.store import ResultStore
 from tests.integration.conftest import ROOT, free_port, stop
 from tests.integration.servers import (
     EPS_SCREEN,
@@ -303,7 +308,8 @@ def wait_for_runs(api: str, deployment_id: str, before: set[str]) -> list[dict]:
 @dataclass(frozen=True)
 class Stack:
     """What the module's tests share: a Prefect server with the UI, the deployments of `eps-screen deploy`, a `cpu`
-    worker, and `eps-screen serve` over the store the screens write to."""
+    worker, and `eps-screen serve` over `store` (the declared-factor screens write to it, the preset form's screen to
+    another)."""
 
     api: str
     store: Path
@@ -317,8 +323,10 @@ class Stack:
     def ui(self) -> str:
         return self.api.removesuffix("/api")
 
-    def report_link(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.report_port}/{name}/report/clean_result.html"
+    def report_link(self, name: str, store: Path | None = None) -> str:
+        """The link a screen run in `store` (default: the one `eps-screen serve` was started on) publishes."""
+        where = location(ResultStore(store or self.store, name))
+        return report_url(where, name, base=f"http://127.0.0.1:{self.report_port}")
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +352,8 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     OUT.mkdir(exist_ok=True)
-    api, ui, store, server_log = stack.api, stack.ui, stack.store, stack.server_log
+    api, ui, server_log = stack.api, stack.ui, stack.server_log
+    store = stack.home / "elsewhere"  # not the store `eps-screen serve` was started on: the link must name it
     preset = stack.deployments["preset"]
     browser = Browser(stack.home / "chromium-preset")
     try:
@@ -368,8 +377,9 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
         own = {a.key: a for a in artifacts if a.key and str(a.flow_run_id) == run_id}  # on the screen run itself
         assert {"summary-ui-screen", "report-ui-screen", "progress-ui-screen"} <= set(own), sorted(own)
         assert own["progress-ui-screen"].description == "finished: 114 of 114 cells"
-        report_link = stack.report_link("ui-screen")
+        report_link = stack.report_link("ui-screen", store)
         assert report_link in own["report-ui-screen"].data
+        assert str(store.resolve()) in own["report-ui-screen"].description  # the artifact names the link's store
         assert moving, f"the progress artifact never showed an intermediate value: {sorted(set(progress))}"
         slab = requests.post(f"{api}/flow_runs/filter", timeout=30, json={
             "flow_runs": {"parent_flow_run_id": {"any_": [run_id]}, "name": {"any_": ["phase 2: slab surgeon"]}},
@@ -399,7 +409,7 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
         browser.screenshot(OUT / "ui-summary.png")
         link = browser.open(f"{ui}/artifacts/artifact/{own['report-ui-screen'].id}", "clean_result.html")
         href = browser.js("[...document.querySelectorAll('a')].map(a => a.href)"
-                          ".find(h => h.endsWith('/report/clean_result.html'))")
+                          ".find(h => h.includes('/report/clean_result.html'))")
         assert href == report_link, href
         page = browser.open(href, "TL;DR.")  # the link, followed: the page over HTTP, not file://
         browser.screenshot(OUT / "ui-report-over-http.png")
