@@ -541,6 +541,39 @@ class ExecutionConfig(_Strict):
     )
 
 
+class TrackingConfig(_Strict):
+    """Experiment tracking (eps_screen/tracking.py): the screen as an MLflow run, each cell a child run with its
+    training curves and results. Off unless a backend is named; needs the `mlflow` extra. A tracking server that
+    cannot be reached logs a warning, and the screen goes on without it."""
+
+    backend: Literal["none", "mlflow"] = Field("none", description="none: no tracking; mlflow: an MLflow tracking server.")
+    uri: NonEmpty | None = Field(
+        None,
+        description="MLflow tracking URI that every process of the screen reaches (http://host:5000; sqlite:///PATH for"
+                    " one machine); None: each process's MLFLOW_TRACKING_URI. Credentials never go here: MLflow reads"
+                    " MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) from the"
+                    " environment.",
+    )
+    experiment: NonEmpty = Field("eps-screen", description="The MLflow experiment the screen's runs go in.")
+
+    @model_validator(mode="after")
+    def _no_credentials(self) -> TrackingConfig:
+        # Messages never quote the URI: a pasted password must not be echoed to a terminal or a log.
+        from urllib.parse import urlsplit
+
+        from eps_screen.remote import SECRET_WORDS
+
+        if self.uri is not None:
+            parts = urlsplit(self.uri)
+            if "@" in parts.netloc or SECRET_WORDS.search(parts.query):
+                raise ValueError(
+                    "tracking.uri carries credentials; credentials never go in the config: remove them and set"
+                    " MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment")
+        if self.backend == "none" and self.uri is not None:
+            raise ValueError("tracking.uri is set but tracking.backend is none: set backend: mlflow to track the screen")
+        return self
+
+
 class ScreenConfig(_Strict):
     name: Slug = Field("screen", description="Screen id: results go to STORE/NAME/ (the store, then this name).")
     model: ModelConfig = ModelConfig()
@@ -563,6 +596,8 @@ class ScreenConfig(_Strict):
     simulation: SimulationConfig = SimulationConfig()
     execution: ExecutionConfig = ExecutionConfig()
     estimate: EstimateConfig = EstimateConfig()
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                     description="Experiment tracking in MLflow; off by default.")
     store: NonEmpty = Field(
         "results", description="Result store: a local directory or an fsspec URL (s3://bucket/prefix) that every machine reaches."
     )

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import polars as pl
 
-from eps_screen import data
+from eps_screen import data, tracking
 from eps_screen.config import ScreenConfig
 from eps_screen.design import (
     Cell,
@@ -37,6 +38,7 @@ from eps_screen.job.training import CellTraining, by_stage, train_cells
 from eps_screen.provenance import provenance
 from eps_screen.scoring import answers_table, cell_rates
 from eps_screen.store import ResultStore, cell_key, regime_key
+from eps_screen.training import StepLog
 
 
 def _engine_config(config: ScreenConfig) -> ScreenConfig:
@@ -123,7 +125,8 @@ def evaluate(cell_recipe: Recipe, cell: dict, factors: str, adapter: str | None,
                          factors)
 
 
-def _cell_training(config: ScreenConfig, cell: Cell, store: ResultStore) -> tuple[CellTraining, float]:
+def _cell_training(config: ScreenConfig, cell: Cell, store: ResultStore,
+                   on_step: StepLog | None = None) -> tuple[CellTraining, float]:
     """What training a cell's adapter takes, under its resolved recipe: (its training, seconds its answers took)."""
     t = time.perf_counter()
     regime_rows, _ = regime_answers(config, regime_of(config, cell), store)
@@ -131,25 +134,27 @@ def _cell_training(config: ScreenConfig, cell: Cell, store: ResultStore) -> tupl
     resolved = recipe(config, cell)
     return CellTraining(resolved.config, data.training_set(config, cell, regime_rows),
                         resolved.condition.whole_answer_loss, cell.seed, store.cell_dir(config, cell) / "adapter",
-                        cell.id), answers_s
+                        cell.id, on_step), answers_s
 
 
-def _train(config: ScreenConfig, cell: Cell, store: ResultStore) -> tuple[str, object, dict[str, float]]:
+def _train(config: ScreenConfig, cell: Cell, store: ResultStore,
+           on_step: StepLog | None) -> tuple[str, object, dict[str, float]]:
     """A cell's adapter, trained alone with the engines asleep: (adapter dir, train report, timings)."""
     from eps_screen.training import train_lora
 
-    training, answers_s = _cell_training(config, cell, store)
+    training, answers_s = _cell_training(config, cell, store, on_step)
     timings = {"answers_s": answers_s}
     base = engines.training_base(_engine_config(training.config))
     t = time.perf_counter()
     with engines.training():
         report = train_lora(base, training.examples, training.config, training.whole_answer, training.seed,
-                            training.out_dir)
+                            training.out_dir, training.on_step)
     timings["train_s"] = time.perf_counter() - t
     return str(training.out_dir), report, timings
 
 
-def _train_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> list[tuple]:
+def _train_job(config: ScreenConfig, cells: list[Cell], store: ResultStore,
+               on_step: dict[str, StepLog]) -> list[tuple]:
     """A job's adapters, trained with the engines asleep: cells that share passes together, the rest alone
     (eps_screen.job.training.train_cells), each under its own resolved recipe. Returns (cell, started, adapter
     dir, train report, timings) per cell; the training's wall time is charged to the cells by their own training
@@ -157,7 +162,7 @@ def _train_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> l
     started, trainings, timings = [], [], []
     for cell in cells:
         started.append(time.perf_counter())
-        training, answers_s = _cell_training(config, cell, store)
+        training, answers_s = _cell_training(config, cell, store, on_step[cell.id])
         trainings.append(training)
         timings.append({"answers_s": answers_s})
     # One base for the job, as one engine evaluates it: run_job takes this path only when no factor varies the model.
@@ -212,11 +217,24 @@ def _recipe_record(resolved: Recipe) -> dict:
     }
 
 
+def _tracked(config: ScreenConfig, cell: Cell, store: ResultStore):
+    """The cell's tracking run while it is computed (eps_screen.tracking; logs nothing when tracking is off)."""
+    return tracking.cell_run(config, cell, store, _recipe_record(recipe(config, cell)))
+
+
 def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
     """Train, evaluate and score one cell; returns its metrics (from the store when already finished)."""
     done = store.cell_metrics(config, cell)
     if done is not None:
         return {**done, "reused": True}
+    with _tracked(config, cell, store) as run:
+        metrics = _compute_cell(config, cell, store, run.step)
+        run.finished(metrics, store.cell_dir(config, cell) / "metrics.json")
+    return metrics
+
+
+def _compute_cell(config: ScreenConfig, cell: Cell, store: ResultStore, on_step: StepLog) -> dict:
+    """run_cell's work, each optimizer step's figures to on_step."""
     started = time.perf_counter()
     if config.simulated:
         from eps_screen.panels import panels_of
@@ -227,7 +245,7 @@ def run_cell(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
             config, cell, personas, config.eval.questions, config.eval.samples, config.eval.random_controls
         )
         return _finish(config, cell, store, answers, None, None, {}, started)
-    adapter, report, timings = _train(config, cell, store)
+    adapter, report, timings = _train(config, cell, store, on_step)
     t = time.perf_counter()
     answers = evaluate(recipe(config, cell), cell.as_dict(), cell.factors, adapter, cell.seed)
     timings["eval_s"] = time.perf_counter() - t
@@ -254,7 +272,17 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
         for cell in todo:
             out[cell.id] = run_cell(config, cell, store)
         return out
-    trained = _train_job(config, todo, store)
+    with ExitStack() as stack:
+        runs = {c.id: stack.enter_context(_tracked(config, c, store)) for c in todo}
+        out.update(_compute_job(config, todo, store, runs))
+    return out
+
+
+def _compute_job(config: ScreenConfig, todo: list[Cell], store: ResultStore,
+                 runs: dict[str, tracking.CellRun]) -> dict[str, dict]:
+    """run_job's work by stage, each cell's training steps and results on its tracking run."""
+    out = {}
+    trained = _train_job(config, todo, store, {cell_id: run.step for cell_id, run in runs.items()})
     t = time.perf_counter()
     recipes = [recipe(config, cell) for cell, *_ in trained]
     prompt_sets = [data.eval_prompts(r) for r in recipes]
@@ -275,6 +303,7 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
         timings["eval_s"] = eval_s * n / max(1, sum(chars))
         timings["job_eval_s"] = eval_s
         out[cell.id] = _finish(config, cell, store, answers, adapter, report, timings, cell_started)
+        runs[cell.id].finished(out[cell.id], store.cell_dir(config, cell) / "metrics.json")
     return out
 
 

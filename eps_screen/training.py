@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,18 +132,37 @@ class _DevicePeak:
         return (self.used_at_start + grown) / 2**30, (self.used_at_start + allocated) / 2**30
 
 
-class _StepClock:
-    """Wall time and cumulative real tokens (TRL's num_tokens) at every logged optimizer step."""
+# Where each optimizer step's loss, learning rate and tokens/s go while a cell trains (eps_screen.tracking's
+# CellRun.step): (step, {"loss": ..., "learning_rate": ..., "tokens_per_s": ...}).
+StepLog = Callable[[int, dict[str, float]], None]
 
-    def __init__(self):
+
+class _StepClock:
+    """Wall time and cumulative real tokens (TRL's num_tokens) at every logged optimizer step, each step's figures
+    handed to `on_step` as the step ends."""
+
+    def __init__(self, on_step: StepLog | None = None):
         from transformers import TrainerCallback
 
         marks = self.marks = []
+        began = [time.perf_counter(), 0.0]
 
         class Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                began[0] = time.perf_counter()
+
             def on_log(self, args, state, control, logs=None, **kwargs):
-                if logs and "num_tokens" in logs and "loss" in logs:
-                    marks.append((time.perf_counter(), float(logs["num_tokens"])))
+                if not logs or "loss" not in logs:
+                    return
+                now = time.perf_counter()
+                t0, n0 = marks[-1] if marks else began
+                if "num_tokens" in logs:
+                    marks.append((now, float(logs["num_tokens"])))
+                if on_step is not None:
+                    values = {"loss": float(logs["loss"]), "learning_rate": float(logs.get("learning_rate", 0.0))}
+                    if "num_tokens" in logs and now > t0:
+                        values["tokens_per_s"] = (float(logs["num_tokens"]) - n0) / (now - t0)
+                    on_step(state.global_step, values)
 
         self.callback = Callback()
 
@@ -248,11 +268,13 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
     }
 
 
-def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer: bool, seed: int, out_dir: Path) -> TrainReport:
+def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer: bool, seed: int, out_dir: Path,
+               on_step: StepLog | None = None) -> TrainReport:
     """Train one LoRA adapter on `base` (eps_screen.models.BaseModel) and save it to out_dir.
 
     The base weights are left as they were (the adapter is unloaded, and what the trainer attached to the base
-    model for this run is taken off again), so the next cell of the same process reuses them.
+    model for this run is taken off again), so the next cell of the same process reuses them. `on_step` gets each
+    optimizer step's figures as the step ends.
     """
     import gc
 
@@ -309,7 +331,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     own_forward = base_model.__dict__.get("forward")  # TRL patches the instance's forward (fused LM head)
     had_grad_hook = hasattr(base_model, "_require_grads_hook")
     restore_attn = use_varlen_attention(base_model) if opts["varlen_attention"] else None
-    clock = _StepClock()
+    clock = _StepClock(on_step)
     peak = _DevicePeak() if on_gpu else None
     torch.manual_seed(seed)
     model = get_peft_model(base_model, lora)

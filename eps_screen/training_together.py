@@ -36,6 +36,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
 from eps_screen.training import (
     IGNORE,
+    StepLog,
     Tokenized,
     TrainReport,
     _DevicePeak,
@@ -248,10 +249,12 @@ def cells_per_pass(recipes: list[Recipe]) -> float:
 
 
 def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = None,
-                   compile_layers: bool = False) -> list[TrainReport]:
+                   compile_layers: bool = False, on_step: list[StepLog | None] | None = None) -> list[TrainReport]:
     """Train every recipe's adapter on `base` (eps_screen.models.BaseModel) in shared passes, save each to its
     out_dir with a train_report.json, and return the reports in order. The base is left as it was.
-    compile_layers: torch.compile each decoder block (dynamic shapes), as train_lora's compile option does."""
+    compile_layers: torch.compile each decoder block (dynamic shapes), as train_lora's compile option does.
+    on_step: per recipe, where each of its optimizer steps' figures go as train_lora's on_step gets them (its
+    tokens/s: its own tokens over the shared step's wall time)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora.layer import Linear
@@ -316,7 +319,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
                 layer.compile(dynamic=True)
         losses = [[] for _ in recipes]
         model.train()
-        start = time.perf_counter()
+        start = step_began = time.perf_counter()
         for k in range(max(len(p) for p in plans)):
             live = [i for i, p in enumerate(plans) if k < len(p)]
             norm = {i: max(1, _target_count([recipes[i].rows[j] for mb in plans[i][k] for j in mb])) for i in live}
@@ -341,12 +344,15 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
                     loss.backward()
                     for i, part in parts:
                         step_loss[i] += part.detach()
+            rates = {i: scheds[i].get_last_lr()[0] for i in live}  # this step's, as transformers logs it
             for i in live:
                 torch.nn.utils.clip_grad_norm_(params[names[i]], MAX_GRAD_NORM)
                 opts[i].step()
                 scheds[i].step()
                 opts[i].zero_grad(set_to_none=True)
                 losses[i].append(step_loss[i])
+            if on_step is not None:
+                step_began = _report_step(k, live, plans, recipes, step_loss, rates, on_step, step_began)
         if on_gpu:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -390,6 +396,19 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
         (r.out_dir / "train_report.json").write_text(json.dumps(asdict(report), indent=1))
         reports.append(report)
     return reports
+
+
+def _report_step(k: int, live: list[int], plans, recipes: list[Recipe], step_loss: dict, rates: dict,
+                 on_step: list[StepLog | None], began: float) -> float:
+    """Optimizer step k's figures to each live cell's on_step (the learning rate the step used, as train_lora's
+    trainer logs it); returns when the step ended."""
+    now = time.perf_counter()
+    for i in live:
+        if on_step[i] is not None:
+            tokens = sum(len(recipes[i].rows[j].input_ids) for mb in plans[i][k] for j in mb)
+            on_step[i](k + 1, {"loss": float(step_loss[i]), "learning_rate": float(rates[i]),
+                               "tokens_per_s": tokens / (now - began) if now > began else 0.0})
+    return now
 
 
 def _save_adapter(model, name: str, out_dir: Path) -> None:

@@ -6,6 +6,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.client.orchestration import get_client
 
+from eps_screen import tracking
 from eps_screen.aggregate import aggregate_stored
 from eps_screen.config import ScreenConfig
 from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
@@ -37,6 +38,7 @@ def aggregate(config: ScreenConfig) -> dict:
     for caveat in result.estimates.caveats:  # what the intervals leave out, said where the results are shown
         logger.warning("%s", caveat)
     publish(config, summary)
+    tracking.log_aggregation(config, store, summary)  # cost per cell, the gates and the report on the MLflow runs
     return summary
 
 

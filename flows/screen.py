@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.utilities.annotations import quote
 
-from eps_screen import design, gates, pipeline
+from eps_screen import design, gates, pipeline, tracking
 from eps_screen.config import ScreenConfig
 from eps_screen.design import PRE_SCREEN_ID, Cell
 from eps_screen.plan import Plan, make_plan, multiseed_pick
@@ -76,6 +76,7 @@ def run_screen(config: ScreenConfig):
         try:
             return ScreenRun(config, store, plan, pool, PhaseProgress(config, plan)).phases()
         except Stopped as stop:
+            tracking.end_screen(config, store, killed=stop.state.name == "Killed")
             return stop.state
 
 
@@ -100,6 +101,7 @@ class ScreenRun:
         config, store, progress = self.config, self.store, self.progress
         store.check_writable()
         store.save_screen({"config": config.model_dump(mode="json"), "provenance": provenance()})
+        tracking.start_screen(config, store)  # the parent run, before any cell process looks it up
 
         # Phase 0: the base model must not already emit the marker.
         progress.begin("phase 0: pre-screen")

@@ -47,6 +47,14 @@ CELLS = [
 ]
 
 
+# Each cell's optimizer steps as on_step got them while it trained ((step, figures) lists), alone and together.
+STEPS: dict[str, list[list[tuple[int, dict]]]] = {"alone": [[] for _ in CELLS], "together": [[] for _ in CELLS]}
+
+
+def _recorder(way: str, i: int):
+    return lambda step, figures: STEPS[way][i].append((step, figures))
+
+
 @pytest.fixture(scope="module")
 def base():
     from eps_screen.models import load_base
@@ -62,11 +70,11 @@ def runs(base, tmp_path_factory):
     root = tmp_path_factory.mktemp("together")
     CELLS[2]["config"] = CELLS[2]["config"].model_copy(
         update={"lora": CELLS[2]["config"].lora.model_copy(update={"rank": 8, "alpha": 16})})
-    alone = [train_lora(base, c["examples"], c["config"], c["whole_answer"], c["seed"], root / f"alone{i}")
-             for i, c in enumerate(CELLS)]
+    alone = [train_lora(base, c["examples"], c["config"], c["whole_answer"], c["seed"], root / f"alone{i}",
+                        _recorder("alone", i)) for i, c in enumerate(CELLS)]
     recipes = [recipe(base.tokenizer, c["config"], c["examples"], c["whole_answer"], c["seed"], root / f"together{i}")
                for i, c in enumerate(CELLS)]
-    together = train_together(base, recipes)
+    together = train_together(base, recipes, on_step=[_recorder("together", i) for i in range(len(CELLS))])
     return root, alone, together
 
 
@@ -97,6 +105,21 @@ def test_each_cell_matches_training_alone(runs):
     assert together[2].grad_accum > 1, "the third cell must exercise gradient accumulation"
     assert together[0].options["cells_per_pass"] > 1.5, "the cells must share passes"
     assert {t.steps for t in together} == {6, 9, 4}, "the cells must run different numbers of steps"
+
+
+def test_each_step_is_reported_as_it_ends_and_both_ways_agree(runs):
+    """on_step (what eps_screen.tracking logs) gets every optimizer step of every cell: the loss the report ends
+    with, the learning rate each step used (the same schedule alone and together) and the tokens/s."""
+    _, alone, together = runs
+    for i, (a, t) in enumerate(zip(alone, together, strict=True)):
+        for way, report in (("alone", a), ("together", t)):
+            steps = STEPS[way][i]
+            assert [s for s, _ in steps] == list(range(1, report.steps + 1)), f"cell {i} {way}"
+            assert [f["loss"] for _, f in steps] == pytest.approx(report.losses), f"cell {i} {way}"
+            assert all(f["tokens_per_s"] > 0 for _, f in steps), f"cell {i} {way}"
+        rates = [[f["learning_rate"] for _, f in STEPS[way][i]] for way in ("alone", "together")]
+        assert rates[1] == pytest.approx(rates[0]), f"cell {i}: another learning rate schedule"
+    assert len({f["learning_rate"] for _, f in STEPS["alone"][2]}) > 2  # the warm-up and decay are in the curve
 
 
 def test_the_comparison_can_fail(runs):
@@ -147,9 +170,13 @@ def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
     from eps_screen.job.training import CellTraining, train_cells
 
     short = _config(max_batch_tokens=2048)
-    cells = [CellTraining(short, _examples(8, i), i == 0, i, tmp_path / f"s{i}") for i in range(2)]
-    cells.append(CellTraining(_config(packing=False), _examples(8), True, 9, tmp_path / "padded"))
+    steps = [[], [], []]
+    cells = [CellTraining(short, _examples(8, i), i == 0, i, tmp_path / f"s{i}",
+                          on_step=lambda s, f, i=i: steps[i].append(s)) for i in range(2)]
+    cells.append(CellTraining(_config(packing=False), _examples(8), True, 9, tmp_path / "padded",
+                              on_step=lambda s, f: steps[2].append(s)))
     reports = train_cells(base, cells)
     assert [r.options.get("together") for r in reports] == [2, 2, None]
+    assert steps == [list(range(1, r.steps + 1)) for r in reports]  # each cell's steps reach its own on_step
     assert all((c.out_dir / "adapter_model.safetensors").exists() for c in cells)
     assert not reports[2].options["padding_free"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
+from eps_screen.training import StepLog
 from eps_screen.training_together import shares_passes
 
 # Together only where at least this many cells' micro-batches share a pass on average (1.0: nothing shared).
@@ -47,6 +48,7 @@ class CellTraining:
     seed: int
     out_dir: Path
     name: str = ""  # the cell's id, recorded in the reports of the cells it shared passes with
+    on_step: StepLog | None = None  # where its optimizer steps' figures go (eps_screen.tracking)
 
 
 def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
@@ -73,10 +75,11 @@ def train_cells(base, cells: list[CellTraining]) -> list:
     groups, recipes = plan(base.tokenizer, cells)
     reports: list = [None] * len(cells)
     for group in groups:
-        for i, rep in zip(group, train_together(base, [recipes[i] for i in group]), strict=True):
+        trained = train_together(base, [recipes[i] for i in group], on_step=[cells[i].on_step for i in group])
+        for i, rep in zip(group, trained, strict=True):
             rep.options["trained_with"] = [cells[j].name or str(cells[j].out_dir) for j in group if j != i]
             reports[i] = rep
     for i, c in enumerate(cells):
         if reports[i] is None:
-            reports[i] = train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir)
+            reports[i] = train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir, c.on_step)
     return reports

@@ -109,6 +109,41 @@ def background_lock_errors(log_path: Path) -> int:
     return sum(1 for block in text.split("docket.dependencies")[1:] if "database is locked" in block.split("| ERROR")[0])
 
 
+# --- MLflow ---------------------------------------------------------------------------------------------------------
+@contextmanager
+def mlflow_server(home: Path) -> Iterator[str]:
+    """A real `mlflow server` on 127.0.0.1: a SQLite backend store and artifacts under `home`, uploaded through the
+    server as from another machine (--artifacts-destination); yields its tracking URI."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = home / "mlflow.log"
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(Path(PREFECT).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers",
+             "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}", "--artifacts-destination",
+             str(home / "artifacts")], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while not _answers(f"{url}/health"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            stop(proc, timeout=5)  # its workers' graceful shutdown takes 10-15 s, and nothing is left to flush
+
+
+def _answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url, timeout=2).ok
+    except requests.RequestException:
+        return False
+
+
 # --- PostgreSQL ---------------------------------------------------------------------------------------------------
 def postgres_bin() -> Path | None:
     """The directory of initdb/pg_ctl: on PATH, or Debian's /usr/lib/postgresql/<version>/bin."""

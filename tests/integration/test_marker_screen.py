@@ -4,9 +4,10 @@ deployments/configs/tiny-ping.yaml: marker <<PING>> (which the [ZLT]-warmed tiny
 answers marked in every smoke cell) and deployments/panels/ping-personas.yaml, whose astronaut is in no built-in
 panel. To stay minutes long on a 2-core machine this runs it on the astronaut alone, with the slab reduced to the
 smoke's 2^(5-2) fraction and no multi-seed cells: the pre-screen, the smoke phase through gate 2, the slab (found
-finished), the aggregation and the page, all through Prefect with two cell worker processes. Measured on the
-2-core box (2026-12-02): 229 s at load 8, 397 s at load 10-12 beside a full tiny screen, the <<PING>> build cached
-(building it adds 40-60 s once). The full tiny-ping screen (3 sources, 114 cells) is `eps-screen run
+finished), the aggregation and the page, all through Prefect with two cell worker processes, tracked in a real
+`mlflow server` (issue 24, item 1: the screen a parent run, each cell a child run from its worker process).
+Measured on the 2-core box (2026-12-02): 229 s at load 8, 397 s at load 10-12 beside a full tiny screen, the <<PING>>
+build cached (building it adds 40-60 s once). The full tiny-ping screen (3 sources, 114 cells) is `eps-screen run
 deployments/configs/tiny-ping.yaml`.
 """
 
@@ -32,12 +33,13 @@ MARKER = "<<PING>>"
 SMOKE = ["D=AB", "E=AC"]  # tiny-ping's smoke fraction, here the slab: its 8 cells are the whole screen
 
 
-def _reduced_config(store):
+def _reduced_config(store, mlflow_uri):
     data = yaml.safe_load((CONFIGS / "tiny-ping.yaml").read_text())
     return parse_config(with_overrides(data, {
         "name": "tiny-ping-reduced", "store": str(store), "sources": ["astronaut"],
         "design": {"slab": {"generators": SMOKE}, "smoke": {"generators": []}},  # the smoke adds none: it is the slab
         "seeds": {"multiseed": [], "top_k": 0},
+        "tracking": {"backend": "mlflow", "uri": mlflow_uri, "experiment": "marker-screen"},
     }))
 
 
@@ -47,12 +49,20 @@ def _page_text(report: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def ping_screen(tmp_path_factory):
+def mlflow_uri(tmp_path_factory):
+    from tests.integration.servers import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def ping_screen(tmp_path_factory, mlflow_uri):
     from flows.screen import screen
 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)  # the panel path in tiny-ping.yaml is relative to the repository, as `eps-screen run` reads it
-        config = _reduced_config(tmp_path_factory.mktemp("store"))
+        config = _reduced_config(tmp_path_factory.mktemp("store"), mlflow_uri)
         started = time.perf_counter()
         state = screen(config, return_state=True)
         elapsed = time.perf_counter() - started
@@ -140,3 +150,96 @@ def test_the_answers_text_is_kept_and_the_page_quotes_it(ping_screen):
         assert any(piece in t for t in own["text"]), (cell_id, answer)  # the parser strips the cell's ends
         assert (MARKER in answer) == (marker == "yes") or len(answer) > 400
         assert f"-{group}" in cell_id  # the quoted cell is of its group (A and B lead every cell id)
+
+
+def _tracked_runs(config, mlflow_uri):
+    """(client, experiment id, the screen's parent runs, the children of the first)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment).experiment_id
+    parents = client.search_runs([experiment], f"tags.eps_kind = 'screen' and tags.eps_screen = '{config.name}'")
+    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    return client, experiment, parents, children
+
+
+def test_the_screen_and_each_cell_are_runs_in_mlflow(ping_screen, mlflow_uri):
+    """Issue 24, item 1: the screen is one parent run with its gates and report; each cell, trained in a cell worker
+    process, a child run with its factor levels and recipe, its per-step training curve as it trained, and the
+    store's SR, LR and cost."""
+    from eps_screen.costs import cell_costs
+    from eps_screen.design import all_slab_cells
+    from eps_screen.store import ResultStore
+
+    config, state, _ = ping_screen
+    assert state.is_completed(), state.message
+    store = ResultStore.for_config(config)
+    client, _, parents, children = _tracked_runs(config, mlflow_uri)
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.run_name == config.name and parent.info.status == "FINISHED"
+    assert parent.data.tags["report_url"] == state.result()["url"]
+    gates = {int(g["number"]): g for g in store.gates()}
+    for number in (1, 2):
+        assert parent.data.metrics[f"gate_{number}_fired"] == float(gates[number]["fired"])
+    assert parent.data.metrics["cells_finished"] == 8
+    assert {"config.json", "gates.json", "summary.md", "clean_result.html"} <= {
+        f.path for f in client.list_artifacts(parent.info.run_id)}
+
+    cells = {c.id: c for c in all_slab_cells(config)}
+    assert sorted(r.info.run_name for r in children) == sorted(cells)
+    costs = cell_costs(config, store)
+    for run in children:
+        cell = cells[run.info.run_name]
+        stored = store.cell_metrics(config, cell)
+        assert run.info.status == "FINISHED" and run.data.tags["eps_cell_key"] == stored["key"]
+        params = run.data.params
+        levels = dict(zip(cell.factors, cell.levels, strict=True))
+        assert {f: params[f"factor.{f}"] for f in cell.factors} == {f: str(v) for f, v in levels.items()}
+        assert params["recipe.lora.rank"] == str(stored["recipe"]["lora"]["rank"])
+        assert params["recipe.marker"] == MARKER
+        got = run.data.metrics
+        assert (got["source_rate"], got["leakage"]) == (stored["source_rate"], stored["leakage"])
+        assert (got["gpu_seconds"], got["cost_usd"]) == (costs[cell.id].gpu_seconds, costs[cell.id].usd)
+        # The curve logged step by step during training is the one the trainer reported.
+        report = json.loads((store.cell_dir(config, cell) / "adapter" / "train_report.json").read_text())
+        curve = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+        assert [m.step for m in curve] == list(range(1, report["steps"] + 1)) and report["steps"] > 1
+        assert [m.value for m in curve] == pytest.approx(report["losses"])
+        for name in ("learning_rate", "tokens_per_s"):
+            assert len(client.get_metric_history(run.info.run_id, name)) == report["steps"]
+        assert "metrics.json" in {f.path for f in client.list_artifacts(run.info.run_id)}
+
+
+def test_a_resubmitted_cell_and_a_second_aggregation_reuse_their_runs(ping_screen, mlflow_uri, tmp_path):
+    """Another process (as a resubmitted cell's) finds the screen's run and the cell's by their tags, and logs into
+    them: no run is created twice."""
+    import subprocess
+    import sys
+
+    config, state, _ = ping_screen
+    client, _, _, before = _tracked_runs(config, mlflow_uri)
+    cell_id = sorted(r.info.run_name for r in before)[0]
+    (tmp_path / "config.json").write_text(config.model_dump_json())
+    code = (
+        "import json, sys\n"
+        "from eps_screen import tracking\n"
+        "from eps_screen.config import parse_config\n"
+        "from eps_screen.design import Cell\n"
+        "from eps_screen.store import ResultStore\n"
+        "config = parse_config(json.load(open(sys.argv[1])))\n"
+        "store, cell = ResultStore.for_config(config), Cell.parse(sys.argv[2])\n"
+        "with tracking.cell_run(config, cell, store, {}) as run:\n"
+        "    run.finished(store.cell_metrics(config, cell), store.cell_dir(config, cell) / 'metrics.json')\n"
+        "tracking.log_aggregation(config, store, json.loads(sys.argv[3]))\n"
+        "print(run.run_id)\n"
+    )
+    summary = json.dumps({k: state.result()[k] for k in ("report", "url")})
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "config.json"), cell_id, summary], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tracking:" not in out.stderr, out.stderr[-3000:]  # no warning: every call went through
+    _, _, parents, after = _tracked_runs(config, mlflow_uri)
+    assert len(parents) == 1
+    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in before)
+    assert out.stdout.strip() == next(r.info.run_id for r in before if r.info.run_name == cell_id)
