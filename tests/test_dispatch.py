@@ -278,11 +278,16 @@ def test_each_priced_run_is_recorded_in_the_store_once_split_among_its_cells(har
 
 def test_spend_cap_cancels_in_flight_runs(harness):
     # runs in flight are priced at gpu_hourly_usd ($1/s here): 4 hanging runs pass $3 within a second
+    before = {r["flow_run_id"] for r in ResultStore(STORE, "unit").run_costs()}
     with pytest.raises(CostOverrun) as err:
         dispatch(harness, lambda c, a: "hang", ids(*(f"c{i}" for i in range(6))), budget_usd=2.0,
                  max_parallel_cells=4, gpu_hourly_usd=3600.0)
     exc = err.value
     assert exc.spend_usd > 3.0 and exc.cancelled == ids("c0", "c1", "c2", "c3") and exc.summaries == {}
+    # what the cancelled runs cost so far is recorded too, as estimates the next dispatch re-prices from their pods
+    stopped = [r for r in ResultStore(STORE, "unit").run_costs() if r["flow_run_id"] not in before]
+    assert sorted(c for r in stopped for c in r["cells"]) == exc.cancelled
+    assert all(r["priced_from"] == "estimate" and r["usd"] > 0 for r in stopped)
 
 
 def test_job_over_max_hours_stops_dispatch(harness):

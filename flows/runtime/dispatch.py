@@ -353,6 +353,18 @@ class _Dispatch:
                                 type(exc).__name__, str(exc)[:200])
             await self.ledger.flush()
 
+    async def _record_stopped_costs(self) -> None:
+        """Dispatch stops with runs unpriced: what they cost so far goes in the store as estimates (runs cancelled
+        in flight at their seconds until now), for the next dispatch of the screen to re-price from their pods."""
+        now = time.monotonic()
+        for run_id, job in self.in_flight.items():
+            if job.active_since is not None:  # a run no worker picked up rented nothing
+                self.ledger.run_ended(run_id, now - job.active_since, job.cell_ids, "Cancelled")
+        try:
+            await self.ledger.flush()
+        except Exception as exc:  # the stop it follows is what the screen must see
+            self.logger.warning("Could not record the stopped runs' costs (%s)", type(exc).__name__)
+
     async def _check_spend(self, now: float) -> None:
         try:
             await self.ledger.price(self.client)
@@ -370,6 +382,7 @@ class _Dispatch:
             await self._cancel_all(f"kill criterion 5: {why}", self.cancel_wait_s)
         finally:  # recorded even when the API refuses the cancellations
             gate = await self.ledger.record_fired(outcome, why, cells)
+            await self._record_stopped_costs()
         raise CostOverrun(f"Kill criterion 5 (cost overrun): {gate.reason}", self.done, gate=gate, cancelled=cells)
 
     async def _cancel_all(self, message: str, wait_s: float) -> list[str]:

@@ -57,6 +57,14 @@ async def stored_gates(store: ResultStore) -> dict[int, dict]:
         return {}
 
 
+def _is_uuid(text: Any) -> bool:
+    try:
+        UUID(str(text))
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass
 class Ledger:
     """Money so far: a published pod cost per finished run, or an estimate until one appears."""
@@ -122,7 +130,8 @@ class Ledger:
         """Runs an earlier dispatch of this screen recorded as an estimate (it ended before their pods' records came)
         get their pods' records now, where the worker has published them since."""
         try:
-            stale = [r for r in await anyio.to_thread.run_sync(self.store.run_costs) if r["priced_from"] == "estimate"]
+            stale = [r for r in await anyio.to_thread.run_sync(self.store.run_costs)
+                     if r.get("priced_from") == "estimate" and _is_uuid(r.get("flow_run_id"))]
         except Exception:  # an unreadable cost record never stops the screen
             return
         if not stale:
@@ -130,7 +139,12 @@ class Ledger:
         published = await read_pod_records(client, [UUID(r["flow_run_id"]) for r in stale])
         for record in stale:
             if pods := published.get(UUID(record["flow_run_id"])):
-                await self._save_cost(cost_records.repriced(record, pods))
+                try:
+                    again = cost_records.repriced(record, pods)
+                except (KeyError, TypeError, ValueError) as exc:  # a record of another version: left as it is
+                    self.logger.warning("Could not re-price flow run %s (%s)", record.get("flow_run_id"), exc)
+                    continue
+                await self._save_cost(again)
 
     async def _record_cost(self, run_id: UUID, pods: list[dict] | None) -> None:
         ended = self.ended.pop(run_id, None)
@@ -147,11 +161,16 @@ class Ledger:
         before = self.stored_costs.get(str(run_id))
         if before == "pod" or (before is not None and not pods):
             return
-        keys = {c: None if c == PRE_SCREEN_ID else cell_key(self.config, Cell.parse(c)) for c in ended["cells"]}
-        record = cost_records.run_cost_record(
-            flow_run_id=str(run_id), state=ended["state"], pool=self.config.execution.pool,
-            cell_ids=list(ended["cells"]), summaries=ended["summaries"], keys=keys, pods=pods,
-            run_seconds=ended["seconds"], hourly_usd=self.hourly_usd)
+        try:
+            keys = {c: None if c == PRE_SCREEN_ID else cell_key(self.config, Cell.parse(c)) for c in ended["cells"]}
+            record = cost_records.run_cost_record(
+                flow_run_id=str(run_id), state=ended["state"], pool=self.config.execution.pool,
+                cell_ids=list(ended["cells"]), summaries=ended["summaries"], keys=keys, pods=pods,
+                run_seconds=ended["seconds"], hourly_usd=self.hourly_usd)
+        except Exception as exc:  # a cost record must never stop the screen (the spend cap has its figure)
+            self.logger.warning("Could not split the cost of flow run %s among its cells (%s: %s)", run_id,
+                                type(exc).__name__, str(exc)[:200])
+            return
         await self._save_cost(record)
 
     async def _save_cost(self, record: dict) -> None:

@@ -327,7 +327,8 @@ class FakeRunPod:
             )
             self.pods[pod.id] = pod
             self.stats["deployed"] += 1
-            self._event(pod, "created", fate=fate, gpu_type=gpu_type, cloud=cloud, env_keys=sorted(pod.env))
+            self._event(pod, "created", fate=fate, gpu_type=gpu_type, cloud=cloud, env_keys=sorted(pod.env),
+                        cost_per_hr=price)  # the price the worker must record (a terminated pod leaves self.pods)
             return self._pod_view(pod)
 
     def terminate(self, account: str, pod_id: str) -> None:

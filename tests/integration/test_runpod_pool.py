@@ -29,7 +29,7 @@ from pathlib import Path
 import anyio
 import pytest
 from eps_screen_runpod import RunPodWorker, marks  # noqa: E402
-from eps_screen_runpod.cost import ARTIFACT_DESCRIPTION, cost_key, pod_costs  # noqa: E402
+from eps_screen_runpod.cost import ARTIFACT_DESCRIPTION, cost_key, pod_costs, pod_records  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import (  # noqa: E402
     DeploymentFilter,
@@ -42,6 +42,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH
 from eps_screen import design  # noqa: E402
 from eps_screen.aggregate import collect_gates  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
+from eps_screen.costs import cell_costs, screen_cost  # noqa: E402
 from eps_screen.store import ResultStore  # noqa: E402
 from flows.runtime.dispatch import dispatch_cells  # noqa: E402
 from tests.fakes.runpod_api import FakeRunPod, Faults  # noqa: E402
@@ -210,15 +211,6 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         computed = watcher.writes()
         assert set(computed) == set(cells) and max(computed.values()) == 1, computed
 
-        # a re-run of finished cells takes their completed runs (flows/runtime/recovery.py): nothing recomputed,
-        # no pod rented
-        pods_before = len(fake.events_of("created"))
-        with temporary_settings(api):
-            again = dispatch_cells(config, cells[:3], deployment, poll_s=1.0, key_prefix="rerun")
-        assert sorted(again) == sorted(cells[:3]) and len(fake.events_of("created")) == pods_before
-        watcher.halt.set()
-        assert watcher.writes() == computed
-
         # zero pods left: the worker terminates each pod as its run ends (the foreign pods stay). A hang guard,
         # not a speed bound: the worker learns that a run ended through the API, which SQLite has held for minutes
         deadline = time.time() + 420
@@ -228,6 +220,19 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         assert [p["id"] for p in fake.live_pods()] == foreign  # ours all gone; the foreign ones untouched
         assert len(fake.running_processes()) == len(foreign)
         assert not [e for e in fake.events if e["event"] == "terminated" and e["pod_id"] in foreign]
+        ours = [e["pod_id"] for e in fake.events_of("created") if e["pod_id"] not in foreign]
+        with temporary_settings(api):  # each pod's cost record follows its termination (a hang guard again)
+            while len(anyio.run(published_pods)) < len(ours) and time.time() < deadline:
+                time.sleep(0.5)
+
+        # a re-run of finished cells takes their completed runs (flows/runtime/recovery.py): nothing recomputed,
+        # no pod rented; as a resumed screen, it first re-prices any run the first dispatch ended on an estimate
+        pods_before = len(fake.events_of("created"))
+        with temporary_settings(api):
+            again = dispatch_cells(config, cells[:3], deployment, poll_s=1.0, key_prefix="rerun")
+        assert sorted(again) == sorted(cells[:3]) and len(fake.events_of("created")) == pods_before
+        watcher.halt.set()
+        assert watcher.writes() == computed
 
         with temporary_settings(api):
             runs, logs, artifacts = anyio.run(all_runs_and_logs)
@@ -307,6 +312,34 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     costs = pod_costs(cost_artifacts)
     assert len(costs) == created
 
+    # Cost as an output (issue 24, item 2): the store's per-run records are the worker's pod records, price x time
+    # at the fake's price for each pod, split among each job's cells with nothing lost or added; the cells' and
+    # the screen's costs are their sums
+    pods = pod_records(cost_artifacts)
+    records = {r["flow_run_id"]: r for r in result_store.run_costs()}
+    assert sorted(records) == sorted({str(run_id) for run_id, _ in pods})  # every priced run once, no other
+    price = {e["pod_id"]: e["cost_per_hr"] for e in fake.events_of("created")}
+    for (run_id, pod_id), pod in pods.items():
+        assert pod["usd_per_hour"] == pytest.approx(price[pod_id])
+        # price x time; the record's seconds are rounded to 0.1 s, its usd from the unrounded clock
+        assert pod["usd"] == pytest.approx(price[pod_id] * pod["seconds"] / 3600, abs=price[pod_id] * 0.05 / 3600 + 1e-6)
+    for run_id, record in records.items():
+        mine = [p for (r, _), p in pods.items() if str(r) == run_id]
+        assert record["priced_from"] == "pod", record
+        assert record["usd"] == pytest.approx(sum(p["usd"] for p in mine))
+        assert record["gpu_seconds"] == pytest.approx(sum(p["seconds"] * p["gpu_count"] for p in mine))
+        assert sum(c["usd"] for c in record["cells"].values()) == pytest.approx(record["usd"])
+        assert set(record["cells"]) == set(by_id[run_id].parameters["cell_ids"])
+    per_cell = cell_costs(config, result_store)
+    assert set(per_cell) == set(cells) and {c.priced_from for c in per_cell.values()} == {"pod"}
+    for cell_id, cost in per_cell.items():
+        held = [r for r in records.values() if cell_id in r["cells"]]
+        assert cost.usd == pytest.approx(sum(r["cells"][cell_id]["usd"] for r in held)) and cost.runs == len(held)
+    screen = screen_cost(config, result_store)
+    assert sum(c.usd for c in per_cell.values()) == pytest.approx(sum(costs.values()))
+    assert screen.usd == pytest.approx(sum(costs.values())) and screen.runs == len(records)
+    assert screen.gpu_seconds == pytest.approx(sum(p["seconds"] * p["gpu_count"] for p in pods.values()))
+
     report = {
         "date": time.strftime("%Y-%m-%d"), "cells": N_CELLS, "entrypoint": ENTRYPOINT,
         "poll_interval_s": POLL_S, "max_parallel_cells": 6,
@@ -332,11 +365,23 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         "pods_left_running": 0, "dispatch_s": round(dispatch_s, 1), "total_s": round(time.time() - t0, 1),
         "cost_records": len(cost_records), "cost_writes_repeated": len(cost_artifacts) - len(cost_records),
         "pod_usd_total": round(sum(costs.values()), 4),
+        "store_usd_total": round(screen.usd, 4), "store_gpu_hours_total": round(screen.gpu_hours, 4),
     }
     out = ROOT / "test-output"
     out.mkdir(exist_ok=True)
     (out / "runpod_reliability.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+
+
+async def published_pods() -> dict:
+    async with get_client() as client:
+        found = []
+        for offset in range(0, 5000, 200):
+            page = await client.read_artifacts(limit=200, offset=offset)
+            found.extend(page)
+            if len(page) < 200:
+                break
+        return pod_records(found)
 
 
 async def state_history(flow_run_id):
