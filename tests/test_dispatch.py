@@ -197,7 +197,9 @@ LAST: list[Executor] = [None]  # type: ignore[list-item]  # the latest Executor,
 
 
 def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None, api_outage_s=API_OUTAGE_S,
-             **execution):
+             cost_wait_s=0.0, **execution):
+    """One dispatch against the Executor. cost_wait_s=0: the end reads the pod costs once and waits no longer (the
+    Executor publishes a run's cost before it ends it, or never)."""
     executor = LAST[0] = Executor(harness, script, cost_usd)
 
     async def main():
@@ -206,7 +208,7 @@ def dispatch(harness, script, cells, cost_usd=0.0, budget_usd=None, on_done=None
             try:
                 return await adispatch_cells(screen_config(**execution), cells, DEPLOYMENT, budget_usd,
                                              poll_s=0.2, key_prefix=f"k{time.time_ns()}", cancel_wait_s=10,
-                                             on_done=on_done, api_outage_s=api_outage_s)
+                                             on_done=on_done, api_outage_s=api_outage_s, cost_wait_s=cost_wait_s)
             finally:
                 tg.cancel_scope.cancel()
                 await end_leftovers(harness)

@@ -131,11 +131,15 @@ def dispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, b
 async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment: str, budget_usd: float | None = None,
                           *, poll_s: float = 5.0, key_prefix: str | None = None,
                           cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None,
-                          api_outage_s: float = API_OUTAGE_S, store: ResultStore | None = None) -> dict[str, dict]:
+                          api_outage_s: float = API_OUTAGE_S, store: ResultStore | None = None,
+                          cost_wait_s: float | None = None) -> dict[str, dict]:
     """Run every cell to completion on `deployment`; returns {cell_id: the cell flow's summary}.
 
     `on_done(cell_id)` is called (in a thread: it may call Prefect's sync client) as each cell completes, so the
     screen's progress artifact moves per cell rather than per phase.
+
+    `cost_wait_s`: how long the end waits for the last runs' pod cost records (default: the ledger's
+    _POLLS_FOR_A_COST polls); one not there by then is recorded as an estimate, re-priced by the next dispatch.
 
     Raises CostOverrun (kill criterion 5), CellsFailed, InfrastructureRefused or ApiUnavailable; each carries
     `.summaries` of the completed cells.
@@ -145,7 +149,8 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
     async with get_client() as client:
         loop = _Dispatch(client, config, deployment, budget_usd, store or ResultStore.for_config(config),
                          poll_s=poll_s, key_prefix=key_prefix or _default_key_prefix(config),
-                         cancel_wait_s=cancel_wait_s, on_done=on_done, api_outage_s=api_outage_s)
+                         cancel_wait_s=cancel_wait_s, on_done=on_done, api_outage_s=api_outage_s,
+                         cost_wait_s=cost_wait_s)
         return await loop.run(cell_ids)
 
 
@@ -195,9 +200,10 @@ class _Dispatch:
 
     def __init__(self, client: Any, config: ScreenConfig, deployment: str, budget_usd: float | None,
                  store: ResultStore, *, poll_s: float, key_prefix: str, cancel_wait_s: float,
-                 on_done: Callable[[str], None] | None, api_outage_s: float):
+                 on_done: Callable[[str], None] | None, api_outage_s: float, cost_wait_s: float | None = None):
         self.client, self.config, self.deployment, self.store = client, config, deployment, store
         self.poll_s, self.prefix, self.cancel_wait_s, self.on_done = poll_s, key_prefix, cancel_wait_s, on_done
+        self.cost_wait_s = cost_wait_s
         self.logger = _logger()
         self.outage = _Outage(api_outage_s, poll_s, self.logger)
         self.ledger = Ledger(config, budget_usd, store, self.logger)
@@ -347,7 +353,8 @@ class _Dispatch:
         """The last runs' costs into the store (Ledger.settle); an API that fails meanwhile leaves them as estimates
         for the next dispatch to re-price, never the screen's failure."""
         try:
-            await self.ledger.settle(self.client, self.poll_s, publishes=self.config.execution.pool == RUNPOD_POOL)
+            await self.ledger.settle(self.client, self.poll_s, publishes=self.config.execution.pool == RUNPOD_POOL,
+                                     wait_s=self.cost_wait_s)
         except Exception as exc:
             self.logger.warning("Could not read the last runs' pod costs (%s: %s); recorded as estimates",
                                 type(exc).__name__, str(exc)[:200])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -110,13 +111,16 @@ class Ledger:
             else:
                 self.estimated[run_id] = (usd, polls + 1)
 
-    async def settle(self, client: Any, poll_s: float, publishes: bool) -> None:
-        """At the end of a dispatch: the last runs' pod records, waited for as `price` always waits when a RunPod
-        worker publishes them (`publishes`), else the estimate at once (no one will publish one)."""
-        while self.estimated and publishes:
+    async def settle(self, client: Any, poll_s: float, publishes: bool, wait_s: float | None = None) -> None:
+        """At the end of a dispatch: the last runs' pod records, waited for as `price` always waits
+        (_POLLS_FOR_A_COST polls, or `wait_s`) when a RunPod worker publishes them (`publishes`), else the
+        estimate at once (no one will publish one)."""
+        deadline = time.monotonic() + (_POLLS_FOR_A_COST * poll_s if wait_s is None else wait_s)
+        if self.estimated and publishes:
+            await self.price(client)  # once at least: records published as their runs ended need no wait
+        while self.estimated and publishes and time.monotonic() < deadline:
+            await anyio.sleep(poll_s)
             await self.price(client)
-            if self.estimated:
-                await anyio.sleep(poll_s)
         await self.flush()
 
     async def flush(self) -> None:
