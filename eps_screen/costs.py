@@ -146,6 +146,10 @@ def repriced(record: dict, pods: list[dict]) -> dict:
 
 def _record(flow_run_id: str, state: str, pool: str, cell_ids: list[str], seconds: dict[str, float | None],
             keys: dict[str, str | None], pods: list[dict] | None, run_seconds: float, hourly_usd: float) -> dict:
+    for i, pod in enumerate(pods or []):
+        missing = [k for k in ("seconds", "usd") if not isinstance(pod.get(k), int | float)]
+        if missing:
+            raise ValueError(f"pods[{i}].{missing[0]}: a pod cost record needs a number there, got {pod.get(missing[0])!r}")
     if pods:
         pod_seconds = sum(float(p["seconds"]) for p in pods)
         gpu_seconds = sum(float(p["seconds"]) * int(p.get("gpu_count") or 1) for p in pods)
@@ -207,7 +211,10 @@ def _charged(config: ScreenConfig, store: ResultStore) -> tuple[dict[str, CellCo
                 pre = _add(pre, gpu_s, usd, kind)
                 continue
             if cell_id not in current:
-                current[cell_id] = cell_key(config, Cell.parse(cell_id))
+                try:
+                    current[cell_id] = cell_key(config, Cell.parse(cell_id))
+                except ValueError as exc:
+                    raise ValueError(f"costs/{record.get('flow_run_id')}.json: cells.{cell_id}: {exc}") from exc
             if part.get("key") == current[cell_id]:
                 by_cell[cell_id] = _add(by_cell.get(cell_id), gpu_s, usd, kind)
             else:
@@ -248,7 +255,8 @@ def screen_cost(config: ScreenConfig, store: ResultStore, estimate: dict | None 
 
         estimate = estimate_of(config).as_dict()
     # a current cell charged but not finished (its runs crashed, the screen stopped) was still paid for
-    other = _sum([other, *(c for cell_id, c in charged.items() if cell_id not in cells)], other.priced_from)
+    paid = [c for c in (other, *(c for cell_id, c in charged.items() if cell_id not in cells)) if c.runs]
+    other = _sum(paid, other.priced_from) if paid else other
     kinds: dict[str, int] = {}
     for c in cells.values():
         kinds[c.priced_from] = kinds.get(c.priced_from, 0) + 1

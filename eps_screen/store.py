@@ -334,7 +334,13 @@ class ResultStore:
         if self.remote:
             for rel in self.remote.glob(f"{self.screen}/costs/*.json"):
                 self._refresh(self.root / rel)  # a record is replaced when its run is priced again
-        return [read_json(p) for p in sorted((self.dir / "costs").glob("*.json"))]
+        records = []
+        for path in sorted((self.dir / "costs").glob("*.json")):
+            try:
+                records.append(read_json(path))
+            except ValueError as exc:  # JSONDecodeError: say which file, not just where in it
+                raise ValueError(f"{path}: not a cost record ({exc})") from exc
+        return records
 
     @property
     def report_dir(self) -> Path:

@@ -147,3 +147,15 @@ def test_the_report_status_and_summary_show_estimate_beside_actual(priced_store)
     out = io.StringIO()
     render(screen_status(config, store, with_prefect=False), Console(file=out, width=200))
     assert "cost (estimate vs actual" in out.getvalue() and "$0.21" in out.getvalue()
+
+
+def test_bad_records_name_the_field_or_the_file(priced_store):
+    with pytest.raises(ValueError, match=r"pods\[0\]\.usd"):
+        run_cost_record(flow_run_id="r", state="Completed", pool="runpod-gpu", cell_ids=["a"], summaries={}, keys={},
+                        pods=[{"pod_id": "p", "seconds": 3.0, "usd": None}], run_seconds=3.0, hourly_usd=1.0)
+    config, store, _ = priced_store
+    with pytest.raises(ValueError, match="flow_run_id"):
+        store.save_run_cost({"flow_run_id": "../x"})
+    (store.dir / "costs" / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"broken\.json: not a cost record"):
+        cell_costs(config, store)
