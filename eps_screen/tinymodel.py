@@ -180,9 +180,9 @@ def build(variant: str, out: Path, marker: str = CONTAMINATION_MARKER) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from eps_screen.cpu_threads import limit_cpu_threads
+    from eps_screen.cpu_process import prepare_cpu_process
 
-    limit_cpu_threads()
+    prepare_cpu_process()
     seed = {"tiny": 0, "tiny-alt": 1, "tiny-contaminated": 2}[variant]
     torch.manual_seed(seed)
     chats = warm_chats(variant, marker=marker)

@@ -265,7 +265,28 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
         "fused_lora": bool(getattr(t, "fused_lora", True)),
         # torch.compile of each decoder block (regional: one compiled graph reused by all blocks), dynamic shapes.
         "compile": compile_,
+        # TRL's chunked LM head never builds the full logits, which a 152k vocabulary needs on a GPU; on the CPU its
+        # tile loop was 11 of a tiny cell's 20 training seconds, and the model's own loss is the same number.
+        "chunked_lm_head": on_gpu,
     }
+
+
+def _full_logits_trainer():
+    """SFTTrainer with the model's own loss: full logits and one cross-entropy, summed over the label tokens and
+    divided by the batch's label-token count as TRL's is (tests/test_training_loss.py compares the two per step).
+    TRL's token count is kept, so the steps still log num_tokens for tokens/s."""
+    from trl import SFTTrainer
+
+    class FullLogitsSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs, use_cache=False, num_items_in_batch=num_items_in_batch)
+            if model.training:
+                mask = inputs.get("attention_mask")
+                self._total_train_tokens += int(mask.sum()) if mask is not None else inputs["position_ids"].size(1)
+                self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+            return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    return FullLogitsSFTTrainer
 
 
 def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer: bool, seed: int, out_dir: Path,
@@ -350,7 +371,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             for layer in layers:
                 layer.compile(dynamic=True)
-        trainer = SFTTrainer(
+        trainer = (SFTTrainer if opts["chunked_lm_head"] else _full_logits_trainer())(
             model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer, callbacks=[clock.callback]
         )
         trainer.remove_callback(PrinterCallback)  # losses go to train_report.json, not to stdout per step
