@@ -126,7 +126,6 @@ def test_in_process_cells_cost_zero_and_say_so(tmp_path):
 
 
 def test_the_report_status_and_summary_show_estimate_beside_actual(priced_store):
-    import inspect
     import io
 
     from rich.console import Console
@@ -141,8 +140,7 @@ def test_the_report_status_and_summary_show_estimate_beside_actual(priced_store)
     assert cost["usd"] == pytest.approx(0.21) and cost["estimate_usd"] == pytest.approx(screen_cost(config, store).estimate_usd)
     page = (store.report_dir / "clean_result.html").read_text()
     assert '<h2 id="cost">Cost</h2>' in page and "$0.21" in page and "phase 0 pre-screen" in page
-    where = [str(store.dir)] if "where" in inspect.signature(_summary_markdown).parameters else []  # (being added)
-    markdown = _summary_markdown(config, result, "http://x/report", 10, *where)
+    markdown = _summary_markdown(config, result, "http://x/report", 10, str(store.dir))
     assert "**Cost.** Spent $0.21" in markdown and "| screen |" in markdown
     out = io.StringIO()
     render(screen_status(config, store, with_prefect=False), Console(file=out, width=200))
