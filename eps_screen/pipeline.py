@@ -52,6 +52,18 @@ def _engine_config(config: ScreenConfig) -> ScreenConfig:
     return config
 
 
+def _build_tiny_models(config: ScreenConfig) -> None:
+    """The screen's tiny models (its base, for its marker, and a tiny off-policy model), built side by side."""
+    from eps_screen.config import is_tiny
+    from eps_screen.tinymodel import CONTAMINATION_MARKER, build_missing
+
+    models = [(config.model.base, config.marker)] if is_tiny(config.model.base) else []
+    op = config.off_policy
+    if op.kind == "model" and op.model and is_tiny(op.model):
+        models.append((op.model, CONTAMINATION_MARKER))  # loaded by name (models.resolve): the [ZLT] build
+    build_missing(models)
+
+
 def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationParams:
     # Training answers are capped like eval answers: on-policy means "what the model says under this prompt".
     return GenerationParams(
@@ -331,6 +343,8 @@ def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -
     done = finished_pre_screen(config, store)
     if done is not None:
         return done
+    if not config.simulated:
+        _build_tiny_models(config)
     key = _pre_screen_key(config)
     frames = []
     shorts = config.design.shorts

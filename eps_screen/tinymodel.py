@@ -48,13 +48,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("EPS_SCREEN_CACHE", Path.home() / ".cache" / "eps-screen"))
 
 
+def _target(variant: str, marker: str) -> Path:
+    suffix = "" if marker == CONTAMINATION_MARKER else "-" + hashlib.sha256(marker.encode()).hexdigest()[:10]
+    return cache_root() / "tinymodel" / f"{variant}-v{TINY_VERSION}{suffix}"
+
+
 def tiny_model_path(variant: str = "tiny", marker: str = CONTAMINATION_MARKER) -> Path:
     """Path of the built variant for a screen's marker, building it first if the cache lacks it (safe across
     processes)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown tiny model {variant!r}; known: {', '.join(VARIANTS)}")
-    suffix = "" if marker == CONTAMINATION_MARKER else "-" + hashlib.sha256(marker.encode()).hexdigest()[:10]
-    target = cache_root() / "tinymodel" / f"{variant}-v{TINY_VERSION}{suffix}"
+    target = _target(variant, marker)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -68,6 +72,24 @@ def tiny_model_path(variant: str = "tiny", marker: str = CONTAMINATION_MARKER) -
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def build_missing(models: list[tuple[str, str]]) -> None:
+    """Build the (variant, marker) models the cache lacks at the same time, one process each, before a screen needs
+    them: each build is a single-threaded fine-tune of ~20 s, so two built one after the other, where each is
+    first loaded, left a core idle for that long (the base before the pre-screen, tiny-alt before the first
+    off-policy answers)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    missing = [(v, m) for v, m in dict.fromkeys(models) if not (_target(v, m) / "config.json").exists()]
+    if len(missing) < 2:
+        return  # one build: it happens where the model is first loaded
+    with ProcessPoolExecutor(len(missing) - 1, mp_context=get_context("spawn")) as others:
+        futures = [others.submit(tiny_model_path, v, m) for v, m in missing[1:]]
+        tiny_model_path(*missing[0])
+        for f in futures:
+            f.result()
 
 
 def _answer_bank(seed: int) -> list[str]:

@@ -308,12 +308,12 @@ def log_aggregation(config: ScreenConfig, store: ResultStore, summary: dict) -> 
     server = _server(config, store)
     if server is None:
         return
-    from eps_screen.costs import cell_costs
+    from eps_screen.costs import cell_costs, screen_cost
 
     try:
         costs = cell_costs(config, store)
         _log_cells(server, config, store, costs)
-        _log_screen(server, store, summary, costs)
+        _log_screen(server, store, summary, len(costs), screen_cost(config, store))
     except Exception as exc:  # noqa: BLE001 - a report is not worth less for a tracking server that is down
         server.warn("logging the aggregation", exc)
 
@@ -369,12 +369,15 @@ def _log_gates(server: _Server, store: ResultStore, values: dict[str, float], ta
     server.artifact_json(server.parent_id, "gates.json", {"gates": gates})
 
 
-def _log_screen(server: _Server, store: ResultStore, summary: dict, costs: dict) -> None:
+def _log_screen(server: _Server, store: ResultStore, summary: dict, finished: int, cost) -> None:
+    """The parent's figures: the screen's whole cost (its cells, the pre-screen and runs for no current cell, as
+    the report's Cost section has it) beside the plan's estimate."""
     from mlflow.entities import RunTag
 
     parent = server.parent_id
-    values = {"cells_finished": float(len(costs)), "cost_usd": sum(c.usd for c in costs.values()),
-              "gpu_seconds": sum(c.gpu_seconds for c in costs.values())}
+    values = {"cells_finished": float(finished), "cost_usd": cost.usd, "gpu_seconds": cost.gpu_seconds}
+    values.update({name: float(v) for name, v in (("estimate_cost_usd", cost.estimate_usd),
+                                                  ("estimate_gpu_hours", cost.estimate_gpu_hours)) if v is not None})
     _log_gates(server, store, values, [RunTag("report_url", str(summary["url"]))] if summary.get("url") else [])
     if summary.get("markdown"):
         with tempfile.TemporaryDirectory() as tmp:

@@ -167,7 +167,7 @@ def test_the_screen_and_each_cell_are_runs_in_mlflow(ping_screen, mlflow_uri):
     """Issue 24, item 1: the screen is one parent run with its gates and report; each cell, trained in a cell worker
     process, a child run with its factor levels and recipe, its per-step training curve as it trained, and the
     store's SR, LR and cost."""
-    from eps_screen.costs import cell_costs
+    from eps_screen.costs import cell_costs, screen_cost
     from eps_screen.design import all_slab_cells
     from eps_screen.store import ResultStore
 
@@ -183,6 +183,9 @@ def test_the_screen_and_each_cell_are_runs_in_mlflow(ping_screen, mlflow_uri):
     for number in (1, 2):
         assert parent.data.metrics[f"gate_{number}_fired"] == float(gates[number]["fired"])
     assert parent.data.metrics["cells_finished"] == 8
+    whole = screen_cost(config, store)  # the report's Cost section: cells, pre-screen and other runs
+    assert (parent.data.metrics["cost_usd"], parent.data.metrics["gpu_seconds"]) == (whole.usd, whole.gpu_seconds)
+    assert parent.data.metrics["estimate_cost_usd"] == whole.estimate_usd
     assert {"config.json", "gates.json", "summary.md", "clean_result.html"} <= {
         f.path for f in client.list_artifacts(parent.info.run_id)}
 

@@ -1,0 +1,48 @@
+"""The tiny models a screen needs are built side by side before its pre-screen (eps_screen.tinymodel.build_missing),
+and a model built so is the one built alone, where it is first loaded: same files, same weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from eps_screen import tinymodel
+from eps_screen.tinymodel import CONTAMINATION_MARKER
+
+MODELS = [("tiny", CONTAMINATION_MARKER), ("tiny-alt", CONTAMINATION_MARKER)]
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_two_missing_models_are_built_side_by_side_as_each_alone(tmp_path, monkeypatch):
+    alone = [tinymodel.tiny_model_path(*m) for m in MODELS]  # the session's cache: each built where first loaded
+    monkeypatch.setenv("EPS_SCREEN_CACHE", str(tmp_path))
+    assert not any(tinymodel._target(*m).exists() for m in MODELS)
+
+    tinymodel.build_missing(MODELS)
+
+    for (variant, marker), reference in zip(MODELS, alone, strict=True):
+        built = tinymodel._target(variant, marker)
+        assert (built / "config.json").exists(), f"{variant} was not built"
+        assert sorted(p.name for p in built.iterdir()) == sorted(p.name for p in reference.iterdir())
+        mine, theirs = _weights(built), _weights(reference)
+        assert mine.keys() == theirs.keys()
+        assert all((mine[k] == theirs[k]).all() for k in mine), f"{variant} built side by side differs"
+    assert not [p for p in tmp_path.glob("tinymodel/.*") if p.is_dir()], "a build's temporary directory was left"
+
+
+def test_models_already_built_or_a_single_missing_one_start_no_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPS_SCREEN_CACHE", str(tmp_path))
+    started = []
+    monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", lambda *a, **k: started.append(a))
+    tinymodel.build_missing(MODELS[:1])  # one model: built where it is first loaded, not here
+    assert not tinymodel._target(*MODELS[0]).exists() and not started
+    for m in MODELS:
+        (tinymodel._target(*m)).mkdir(parents=True)
+        (tinymodel._target(*m) / "config.json").write_text("{}")
+    tinymodel.build_missing(MODELS + MODELS)
+    assert not started
