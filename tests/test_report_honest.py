@@ -16,7 +16,8 @@ import pytest
 from eps_screen.aggregate import aggregate
 from eps_screen.config import ScreenConfig, load_config
 from eps_screen.design import all_slab_cells
-from eps_screen.report.tldr import tldr
+from eps_screen.report.page import ci
+from eps_screen.report.tldr import tldr, written
 from eps_screen.schemas import EffectEstimate, Interval
 from eps_screen.simulate import simulate_screen
 from tests.conftest import CONFIGS
@@ -61,6 +62,14 @@ def test_clear_needs_both_intervals_to_exclude_zero():
     assert not _estimate((-0.001, 0.05), (0.02, 0.3)).clear  # d's CI excludes 0, the difference's touches it
     assert not _estimate((0.01, 0.05), (-0.02, 0.3)).clear
     assert _estimate((-0.05, -0.01), (-0.3, -0.02)).clear
+
+
+def test_a_bound_that_is_not_zero_never_reads_as_zero():
+    """The tiny screen's A x B read "+0.01 [+0.00, +0.03]" and was called clear: its low bound was +0.003."""
+    assert written(0.003, 2, "+") == "+0.003" and written(-0.0004, 3) == "-0.0004"
+    assert written(0.031, 2, "+") == "+0.03" and written(0.0, 2, "+") == "+0.00"
+    assert written(1e-9, 2, "+") == "+0.000000"  # at most 6 places
+    assert ci(Interval(low=0.0004, high=0.2)) == "[0.0004, 0.200]"
 
 
 def _intervals_said_clear(text: str) -> list[tuple[float, float]]:

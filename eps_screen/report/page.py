@@ -22,7 +22,7 @@ from eps_screen.design import phases
 from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.gates import GATE_NAMES
 from eps_screen.phase_sizes import multiseed_count
-from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
+from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr, written
 from eps_screen.schemas import EffectEstimate, Interval
 from eps_screen.screen_stats import declarations
 
@@ -45,8 +45,9 @@ def num(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def ci(iv: Interval, spec: str = ".3f") -> str:
-    return f"[{num(iv.low, spec)}, {num(iv.high, spec)}]"
+def ci(iv: Interval, decimals: int = 3) -> str:
+    """An interval's bounds, each written so that one which is not 0 never reads as 0 (tldr.written)."""
+    return "[" + ", ".join("n/a" if x is None else written(x, decimals) for x in (iv.low, iv.high)) + "]"
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Iterable[int] = (), cls: str = "") -> Raw:

@@ -19,7 +19,15 @@ def _pct(x: float | None) -> str:
 
 
 def _signed(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.2f}"
+    return "n/a" if x is None else written(x, 2, "+")
+
+
+def written(x: float, decimals: int, sign: str = "") -> str:
+    """`x` to `decimals` places, or to as many more (up to 6) as it takes for a number that is not 0 not to read as
+    0: an interval whose bound is +0.003 excludes 0, and "[+0.00, +0.03]" would say it touches it."""
+    while decimals < 6 and x != 0 and round(x, decimals) == 0:
+        decimals += 1
+    return format(x, f"{sign}.{decimals}f")
 
 
 def numbers_are(config: ScreenConfig) -> str:
