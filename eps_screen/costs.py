@@ -240,10 +240,10 @@ def screen_cost(config: ScreenConfig, store: ResultStore, estimate: dict | None 
     `estimate` (a plan's `estimate`, {gpu_hours, cost_usd}; computed from the config when not given)."""
     charged, pre, other, runs = _charged(config, store)
     zero = CellCost(0.0, 0.0, "inprocess" if config.execution.pool == "inprocess" else "none", 0)
-    phases = plan_mod.phase_cells(config, store)
     cells: dict[str, CellCost] = {}
     by_phase: dict[str, CellCost] = {}
-    with store.listing():
+    with store.listing():  # one listing of a URL store, not a request per cell (the multi-seed pick reads many)
+        phases = plan_mod.phase_cells(config, store)
         for phase in ("smoke", "fold_over", "slab", "multiseed"):
             mine = [c for c in phases[phase] if c.id not in cells and store.is_finished(config, c)]
             for c in mine:

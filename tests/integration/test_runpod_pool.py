@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import io
 import statistics
 import subprocess
 import sys
@@ -38,13 +39,15 @@ from prefect.client.schemas.filters import (  # noqa: E402
     LogFilterFlowRunId,
 )
 from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings  # noqa: E402
+from rich.console import Console  # noqa: E402
 
 from eps_screen import design  # noqa: E402
 from eps_screen.aggregate import collect_gates  # noqa: E402
 from eps_screen.config import ScreenConfig  # noqa: E402
-from eps_screen.costs import cell_costs, screen_cost  # noqa: E402
+from eps_screen.costs import cell_costs, cost_rows, screen_cost  # noqa: E402
 from eps_screen.store import ResultStore  # noqa: E402
 from flows.runtime.dispatch import dispatch_cells  # noqa: E402
+from flows.runtime.status import render, screen_status  # noqa: E402
 from tests.fakes.runpod_api import FakeRunPod, Faults  # noqa: E402
 from tests.integration.conftest import PREFECT, ROOT, quiet_env, stop
 
@@ -136,13 +139,17 @@ async def all_runs_and_logs():
                 logs.extend(page)
                 if len(page) < 200:
                     break
-        artifacts = []
-        for offset in range(0, 5000, 200):
-            page = await client.read_artifacts(limit=200, offset=offset)
-            artifacts.extend(page)
-            if len(page) < 200:
-                break
-        return runs, logs, artifacts
+        return runs, logs, await every_artifact(client)
+
+
+async def every_artifact(client) -> list:
+    found = []
+    for offset in range(0, 5000, 200):
+        page = await client.read_artifacts(limit=200, offset=offset)
+        found.extend(page)
+        if len(page) < 200:
+            break
+    return found
 
 
 def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
@@ -339,6 +346,12 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     assert sum(c.usd for c in per_cell.values()) == pytest.approx(sum(costs.values()))
     assert screen.usd == pytest.approx(sum(costs.values())) and screen.runs == len(records)
     assert screen.gpu_seconds == pytest.approx(sum(p["seconds"] * p["gpu_count"] for p in pods.values()))
+    # ... and what `status`, the report's Cost section and the summary artifact print (the same rows) is that sum
+    paid = f"${sum(p['usd'] for p in pods.values()):,.2f}"
+    assert cost_rows(screen.as_dict())[0][4] == paid
+    shown = io.StringIO()
+    render(screen_status(config, result_store, with_prefect=False), Console(file=shown, width=200))
+    assert "cost (estimate vs actual" in shown.getvalue() and paid in shown.getvalue()
 
     report = {
         "date": time.strftime("%Y-%m-%d"), "cells": N_CELLS, "entrypoint": ENTRYPOINT,
@@ -375,13 +388,7 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
 
 async def published_pods() -> dict:
     async with get_client() as client:
-        found = []
-        for offset in range(0, 5000, 200):
-            page = await client.read_artifacts(limit=200, offset=offset)
-            found.extend(page)
-            if len(page) < 200:
-                break
-        return pod_records(found)
+        return pod_records(await every_artifact(client))
 
 
 async def state_history(flow_run_id):
