@@ -264,7 +264,9 @@ def screen_cost(config: ScreenConfig, store: ResultStore, estimate: dict | None 
     return ScreenCost(
         gpu_seconds=sum(c.gpu_seconds for c in parts), usd=sum(c.usd for c in parts), cells=cells,
         pre_screen=pre, other=other, by_phase=by_phase, runs=runs,
-        estimate_gpu_hours=estimate.get("gpu_hours"), estimate_usd=estimate.get("cost_usd"), priced_from=kinds)
+        # a CPU estimate's hours are the in-process run's wall time, not hours of a rented GPU
+        estimate_gpu_hours=0.0 if estimate.get("hardware") == "CPU" else estimate.get("gpu_hours"),
+        estimate_usd=estimate.get("cost_usd"), priced_from=kinds)
 
 
 # ---------------------------------------------------------------- the estimate-vs-actual rows every view shows
@@ -300,6 +302,9 @@ def cost_rows(cost: dict) -> list[tuple[str, str, str, str, str, str]]:
 
 def cost_sentence(cost: dict) -> str:
     """One line: actual beside the estimate, and how the actual is known."""
+    kinds = cost.get("priced_from", {})
+    if not cost["runs"] and kinds and set(kinds) == {"inprocess"}:
+        return "In-process on this machine's CPU: no GPU was rented, so every cell and the screen cost $0.00."
     est = cost.get("estimate_usd")
     vs = "" if est is None else f" against an estimate of ${est:,.2f} ({cost.get('estimate_gpu_hours') or 0:,.3f} GPU-h)"
     return (f"Spent ${cost['usd']:,.2f} over {cost['gpu_hours']:,.3f} GPU-hours{vs}, from the pods' recorded prices "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from eps_screen import design, pipeline
-from eps_screen.costs import CellCost, cell_costs, own_seconds, run_cost_record, screen_cost, split_run
+from eps_screen.costs import CellCost, cell_costs, cost_sentence, own_seconds, run_cost_record, screen_cost, split_run
 from eps_screen.design import PRE_SCREEN_ID
 from eps_screen.store import ResultStore, cell_key
 from tests.conftest import tiny_config
@@ -122,7 +122,10 @@ def test_in_process_cells_cost_zero_and_say_so(tmp_path):
     cell = design.smoke_cells(config)[0]
     pipeline.run_cell(config, cell, store)
     assert cell_costs(config, store) == {cell.id: CellCost(0.0, 0.0, "inprocess", 0)}
-    assert screen_cost(config, store).usd == 0.0
+    total = screen_cost(config, store)
+    assert total.usd == 0.0
+    assert total.estimate_gpu_hours == 0.0  # the plan's CPU hours are wall time, not a rented GPU's
+    assert cost_sentence(total.as_dict()).startswith("In-process on this machine's CPU: no GPU was rented")
 
 
 def test_the_report_status_and_summary_show_estimate_beside_actual(priced_store):
