@@ -324,30 +324,40 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
     # the screen's costs are their sums
     pods = pod_records(cost_artifacts)
     records = {r["flow_run_id"]: r for r in result_store.run_costs()}
-    assert sorted(records) == sorted({str(run_id) for run_id, _ in pods})  # every priced run once, no other
+    pod_runs = {str(run_id) for run_id, _ in pods}
+    assert pod_runs <= set(records)  # every pod's run is priced in the store, once
+    # A run that got no pod record within its dispatch's wait (no pod ever made for it, or a record later than the
+    # wait on a slow server) stands at its estimate, and how many do varies with timing: they are counted, and
+    # their estimates are all that the screen's cost adds to the pods' recorded prices.
+    unpriced = {run_id: r for run_id, r in records.items() if run_id not in pod_runs}
+    assert all(r["priced_from"] == "estimate" for r in unpriced.values()), unpriced
     price = {e["pod_id"]: e["cost_per_hr"] for e in fake.events_of("created")}
     for (run_id, pod_id), pod in pods.items():
         assert pod["usd_per_hour"] == pytest.approx(price[pod_id])
         # price x time; the record's seconds are rounded to 0.1 s, its usd from the unrounded clock
         assert pod["usd"] == pytest.approx(price[pod_id] * pod["seconds"] / 3600, abs=price[pod_id] * 0.05 / 3600 + 1e-6)
     for run_id, record in records.items():
+        assert sum(c["usd"] for c in record["cells"].values()) == pytest.approx(record["usd"])
+        assert set(record["cells"]) == set(by_id[run_id].parameters["cell_ids"])
+        if run_id in unpriced:
+            continue
         mine = [p for (r, _), p in pods.items() if str(r) == run_id]
         assert record["priced_from"] == "pod", record
         assert record["usd"] == pytest.approx(sum(p["usd"] for p in mine))
         assert record["gpu_seconds"] == pytest.approx(sum(p["seconds"] * p["gpu_count"] for p in mine))
-        assert sum(c["usd"] for c in record["cells"].values()) == pytest.approx(record["usd"])
-        assert set(record["cells"]) == set(by_id[run_id].parameters["cell_ids"])
     per_cell = cell_costs(config, result_store)
-    assert set(per_cell) == set(cells) and {c.priced_from for c in per_cell.values()} == {"pod"}
+    assert set(per_cell) == set(cells)
     for cell_id, cost in per_cell.items():
         held = [r for r in records.values() if cell_id in r["cells"]]
         assert cost.usd == pytest.approx(sum(r["cells"][cell_id]["usd"] for r in held)) and cost.runs == len(held)
     screen = screen_cost(config, result_store)
-    assert sum(c.usd for c in per_cell.values()) == pytest.approx(sum(costs.values()))
-    assert screen.usd == pytest.approx(sum(costs.values())) and screen.runs == len(records)
-    assert screen.gpu_seconds == pytest.approx(sum(p["seconds"] * p["gpu_count"] for p in pods.values()))
+    paid_usd = sum(costs.values()) + sum(r["usd"] for r in unpriced.values())
+    assert sum(c.usd for c in per_cell.values()) == pytest.approx(paid_usd)
+    assert screen.usd == pytest.approx(paid_usd) and screen.runs == len(records)
+    assert screen.gpu_seconds == pytest.approx(sum(p["seconds"] * p["gpu_count"] for p in pods.values())
+                                               + sum(r["gpu_seconds"] for r in unpriced.values()))
     # ... and what `status`, the report's Cost section and the summary artifact print (the same rows) is that sum
-    paid = f"${sum(p['usd'] for p in pods.values()):,.2f}"
+    paid = f"${paid_usd:,.2f}"
     assert cost_rows(screen.as_dict())[0][4] == paid
     shown = io.StringIO()
     render(screen_status(config, result_store, with_prefect=False), Console(file=shown, width=200))
@@ -378,7 +388,7 @@ def test_screen_survives_vanishing_pods(prefect_server: str, tmp_path: Path):
         "pods_left_running": 0, "dispatch_s": round(dispatch_s, 1), "total_s": round(time.time() - t0, 1),
         "cost_records": len(cost_records), "cost_writes_repeated": len(cost_artifacts) - len(cost_records),
         "pod_usd_total": round(sum(costs.values()), 4),
-        "store_usd_total": round(screen.usd, 4), "store_gpu_hours_total": round(screen.gpu_hours, 4),
+        "store_usd_total": round(screen.usd, 4), "runs_priced_at_their_estimate": len(unpriced), "store_gpu_hours_total": round(screen.gpu_hours, 4),
     }
     out = ROOT / "test-output"
     out.mkdir(exist_ok=True)
