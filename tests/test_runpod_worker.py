@@ -57,8 +57,15 @@ def unit_flow() -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def harness(prefect_harness):
-    """The session's temporary server (tests/conftest.py), with this module's work pool."""
+    """The session's temporary server (tests/conftest.py), with this module's work pool. The pool and its
+    deployments go at the end: a later file on the same pytest worker (test_doctor) reads `cell/cell-runpod`, and
+    met this module's `lab` account in it (CI of aae52b6)."""
     anyio.run(create_pool)
+    yield
+    from tests.conftest import drop_pools
+
+    with get_client(sync_client=True) as client:
+        drop_pools(client, names=(POOL,))
 
 
 async def create_pool() -> None:
