@@ -113,6 +113,30 @@ H200_VLLM = {
     "base": {0: Figure(23076, "tokens/s", _LG, "A0, no adapter"),
              1: Figure(18220, "tokens/s", _LG, "A1, no adapter")},
 }
+# vLLM at qwen7b.yaml's real sizes (benchmarks/gpu_full_size_bench.py, one H200, 2026-12-03): per A x B condition,
+# answers forced to the estimate's 50 / 1,050 tokens, a cell's 2,500-answer panel through a random r=32 adapter
+# ("eval"), a regime's 600-answer set without one ("answers"), and the answer sets of a Qwen2.5-32B-shaped model
+# with random weights ("off-policy"). Where these files are present they replace the 256-token figures above.
+FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
+             "answers": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
+             "off-policy": ("gpu_full_size_off_policy_h200.json",) * 2}
+FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
+
+
+def full_size(kind: str, condition: str) -> Figure | None:
+    """The full-size measurement of `kind` (eval, answers, off-policy) under an A x B condition; None where its
+    result file is not there (an installed package without the repository's benchmarks)."""
+    file = FULL_SIZE[kind][int(condition[3])]
+    path = Path(__file__).resolve().parents[1] / _R / file
+    if not path.is_file():
+        return None
+    run = json.loads(path.read_text())["runs"].get(f"{condition}:{'eval' if kind == 'eval' else 'answers'}")
+    if run is None:
+        return None
+    return Figure(round(run["tokens_per_s"]), "tokens/s", _R + file,
+                  f"{run['requests']:,} answers of {run['tokens'] // run['requests']:,} tokens")
+
+
 H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile caches (torch.compile, CUDA graphs to 1,024)")
 H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
 H200_FIRST_SLEEP = Figure(16, "s", f"{_JTG}, {_JT}, {_J1}",
@@ -209,6 +233,59 @@ def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None) 
     return max(1, max(math.ceil(n / parallel) for n in dispatch_groups(config, n_multi)))
 
 
+def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[dict, dict, dict | None]:
+    """vLLM tokens/s per A x B condition: (evaluation through the cell's adapter, answer sets without one, the
+    off-policy model's answer sets or None). Full-size figures where their files are there, else the 256-token
+    figures by A level."""
+    path = "merged" if config.eval.vllm_merge_adapter else "lora"
+    gen, base, off = {}, {}, {}
+    for c in CONDITIONS:
+        a = int(c[1])
+        gen[c] = full_size("eval", c) or H200_VLLM[path][a]
+        if path == "merged" and gen[c].source != H200_VLLM[path][a].source:
+            ratio = H200_VLLM["merged"][a].value / H200_VLLM["lora"][a].value
+            gen[c] = Figure(round(gen[c].value * ratio), gen[c].unit, f"{gen[c].source}, {H200_VLLM['merged'][a].source}",
+                            f"the LoRA figure x{ratio:.2f}, merged over LoRA at 256-token answers")
+        base[c] = full_size("answers", c) or H200_VLLM["base"][a]
+        off[c] = full_size("off-policy", c)
+        figures[f"generate {c} (vLLM, {path} adapter)"] = gen[c]
+        figures[f"answers {c} (vLLM, no adapter)"] = base[c]
+        if off[c] and config.off_policy.kind == "model":
+            figures[f"off-policy answers {c} (vLLM, the 32B shape)"] = off[c]
+    if all(f.source.startswith(_R + "gpu_full_size") for f in gen.values()):
+        notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
+                     f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")
+        if path == "merged":
+            notes.append("merged adapters: not measured at full size (the LoRA figures times the 256-token ratio)")
+    else:
+        notes.append("vLLM figures measured with answers of up to 256 tokens on random weights (answers run near"
+                     " their cap); B0's 50-token answers are likely slower per token (more prefill per token)")
+    return gen, base, (off if all(off.values()) else None)
+
+
+def _off_policy_rates(config: ScreenConfig, answer_rate: dict, off_rate: dict | None, tiny: bool,
+                      notes: list[str]) -> tuple[dict, float]:
+    """The off-policy model's tokens/s per condition and a factor on its tokens for a model of another size than
+    the one measured: the measured 32B-shaped figures, else the base model's scaled by parameter count."""
+    if config.off_policy.kind != "model" or not config.off_policy.model or tiny:
+        return answer_rate, 1.0
+    off_params = model_params(config.off_policy.model)
+    if off_rate is not None:
+        scale = off_params / FULL_SIZE_OFF_POLICY_PARAMS if off_params else 1.0
+        if abs(scale - 1) <= 0.1:
+            return off_rate, 1.0
+        notes.append(f"off-policy answers from {config.off_policy.model}: the 32B-shaped model's measured figures"
+                     f" scaled x{scale:.1f} by parameter count")
+        return off_rate, scale
+    if not off_params:
+        return answer_rate, 1.0
+    scale = off_params / REFERENCE_PARAMS
+    notes.append(f"off-policy answers from {config.off_policy.model}: generation time scaled x{scale:.1f} by"
+                 " parameter count (not measured; a 72B model in bf16 needs more than one H200's memory)"
+                 if off_params > 60e9 else f"off-policy model scaled x{scale:.1f} by parameter count (not measured)")
+    return answer_rate, scale
+
+
 def estimate(config: ScreenConfig) -> Estimate:
     tiny = config.model.base.startswith("tiny")
     notes: list[str] = []
@@ -238,27 +315,30 @@ def estimate(config: ScreenConfig) -> Estimate:
     answers_per_cell = (config.eval.personas * config.eval.questions + config.eval.random_controls) * config.eval.samples
 
     regimes = design.regimes(config, slab)
-    regime_tokens = {"on": 0.0, "off": 0.0}
+    regime_tokens = {"on": dict.fromkeys(CONDITIONS, 0.0), "off": dict.fromkeys(CONDITIONS, 0.0)}
     for r in regimes:
         rc, cond = (rr := design.regime_recipe(config, r)).config, rr.condition
-        answer = sequence_tokens(rc, int(cond.long_system_prompt), int(cond.long_format))[1]
-        regime_tokens["off" if r.off_policy else "on"] += (rc.data.positives + rc.data.negatives) * answer
+        a, b = int(cond.long_system_prompt), int(cond.long_format)
+        answer = sequence_tokens(rc, a, b)[1]
+        regime_tokens["off" if r.off_policy else "on"][f"A{a}B{b}"] += (rc.data.positives + rc.data.negatives) * answer
     # Phase 3 re-runs at new seeds need their own answer sets: up to one per multi-seed cell, as the slabs' mix.
-    for kind in regime_tokens:
-        regime_tokens[kind] *= 1 + n_multi / max(1, len(regimes))
+    for by_condition in regime_tokens.values():
+        for c in CONDITIONS:
+            by_condition[c] *= 1 + n_multi / max(1, len(regimes))
     if config.off_policy.kind != "model":  # a file or a hosted API: no GPU time
-        regime_tokens["off"] = 0.0
-    prescreen_tokens = 0.0
+        regime_tokens["off"] = dict.fromkeys(CONDITIONS, 0.0)
+    prescreen_tokens = dict.fromkeys(CONDITIONS, 0.0)
     for levels in design.pre_screen_conditions(config):
         cond = design.recipe_at(config, levels).condition
-        prescreen_tokens += answers_per_cell * sequence_tokens(config, int(cond.long_system_prompt), int(cond.long_format))[1]
+        a, b = int(cond.long_system_prompt), int(cond.long_format)
+        prescreen_tokens[f"A{a}B{b}"] += answers_per_cell * sequence_tokens(config, a, b)[1]
 
     # --- the rates ----------------------------------------------------------------------------------------------
     if tiny:
         hardware = "CPU"
         train_rate = {c: CPU_TINY_TRAIN for c in CONDITIONS}
-        gen_rate = {0: CPU_TINY_GENERATE, 1: CPU_TINY_GENERATE}
-        base_rate = None
+        gen_rate = dict.fromkeys(CONDITIONS, CPU_TINY_GENERATE)
+        base_rate = off_rate = None
         figures["train (tiny, CPU)"] = CPU_TINY_TRAIN
         figures["generate (tiny, CPU)"] = CPU_TINY_GENERATE
         tail = 1.0
@@ -280,29 +360,24 @@ def estimate(config: ScreenConfig) -> Estimate:
             label = "together" if c == "A0B0" and train_rate[c].source.endswith(TOGETHER_RESULT) else profile
             figures[f"train {c} ({label})"] = train_rate[c]
         backend = config.backend.generation
-        base_rate = None
+        base_rate = off_rate = None
         override = getattr(getattr(config, "estimate", None), "generate_tokens_per_s", None)
         vllm = backend in ("vllm", "auto")
         gen_rate = {}
         if override:
-            gen_rate = {a: Figure(float(override), "tokens/s", "config estimate.generate_tokens_per_s") for a in (0, 1)}
-            figures["generate (config override)"] = gen_rate[0]
+            gen_rate = dict.fromkeys(CONDITIONS, Figure(float(override), "tokens/s", "config estimate.generate_tokens_per_s"))
+            figures["generate (config override)"] = gen_rate["A0B0"]
             tail = 1.0
         elif vllm:
-            path = "merged" if config.eval.vllm_merge_adapter else "lora"
-            gen_rate, base_rate = dict(H200_VLLM[path]), dict(H200_VLLM["base"])
-            for a in (0, 1):
-                figures[f"generate A{a} (vLLM, {path} adapter)"] = gen_rate[a]
-                figures[f"generate A{a} (vLLM, no adapter)"] = base_rate[a]
+            gen_rate, base_rate, off_rate = _vllm_rates(config, figures, notes)
             tail = 1.0  # continuous batching: no padded batch tail
-            notes.append("vLLM figures measured with answers of up to 256 tokens on random weights (answers run near"
-                         " their cap); B0's 50-token answers are likely slower per token (more prefill per token)")
         else:
             for a in (0, 1):
                 rows = generate_rows(config, a)
                 measured = H200_GENERATE[f"A{a}"]
-                gen_rate[a] = measured[max([r for r in measured if r <= rows], default=min(measured))]
-                figures[f"generate A{a} (transformers, {rows} rows per call)"] = gen_rate[a]
+                rate = measured[max([r for r in measured if r <= rows], default=min(measured))]
+                gen_rate |= {c: rate for c in CONDITIONS if c[1] == str(a)}
+                figures[f"generate A{a} (transformers, {rows} rows per call)"] = rate
                 if rows >= H200_GENERATE_OOM_ROWS.get(f"A{a}", math.inf):
                     notes.append(f"transformers: {rows} sequences of A{a} prompts per generate() call; "
                                  f"{H200_GENERATE_OOM_ROWS[f'A{a}']} ran out of memory on the H200: set "
@@ -341,22 +416,13 @@ def estimate(config: ScreenConfig) -> Estimate:
                          " less start-up)")
 
     train_s = sum(train_tokens[c] / train_rate[c].value for c in CONDITIONS)
-    eval_s = sum(eval_tokens[c] * tail / gen_rate[int(c[1])].value for c in CONDITIONS)
-    # Regime answers are generated without an adapter, under their own prompt condition: mean of the A rates.
-    # Answer sets and the pre-screen run without an adapter, under their own prompt conditions: mean of the A rates.
-    mean_gen = sum(f.value for f in (base_rate or gen_rate).values()) / len(gen_rate)
-    off_scale = 1.0
-    if config.off_policy.kind == "model" and config.off_policy.model and not tiny:
-        off_params = model_params(config.off_policy.model)
-        if off_params:
-            off_scale = off_params / REFERENCE_PARAMS
-            notes.append(
-                f"off-policy answers from {config.off_policy.model}: generation time scaled x{off_scale:.1f} by"
-                " parameter count (not measured; a 72B model in bf16 needs more than one H200's memory)"
-                if off_params > 60e9 else f"off-policy model scaled x{off_scale:.1f} by parameter count (not measured)"
-            )
-    regimes_s = (regime_tokens["on"] + regime_tokens["off"] * off_scale) * tail / mean_gen
-    prescreen_s = prescreen_tokens * tail / mean_gen
+    eval_s = sum(eval_tokens[c] * tail / gen_rate[c].value for c in CONDITIONS)
+    # Answer sets and the pre-screen run without an adapter, each under its own prompt condition.
+    answer_rate = base_rate or gen_rate
+    off_rates, off_scale = _off_policy_rates(config, answer_rate, off_rate, tiny, notes)
+    regimes_s = sum((regime_tokens["on"][c] / answer_rate[c].value + regime_tokens["off"][c] * off_scale / off_rates[c].value)
+                    * tail for c in CONDITIONS)
+    prescreen_s = sum(prescreen_tokens[c] * tail / answer_rate[c].value for c in CONDITIONS)
     jobs = gpu_jobs(config, n_multi)
     hours = {
         "train": train_s / 3600,
@@ -370,12 +436,13 @@ def estimate(config: ScreenConfig) -> Estimate:
         "cells": n_cells,
         "training_tokens": sum(train_tokens.values()),
         "eval_tokens": sum(eval_tokens.values()),
-        "regime_tokens": regime_tokens["on"] + regime_tokens["off"],
-        "pre_screen_tokens": prescreen_tokens,
+        "regime_tokens": sum(regime_tokens["on"].values()) + sum(regime_tokens["off"].values()),
+        "pre_screen_tokens": sum(prescreen_tokens.values()),
     }
-    # Answer tokens to generate, the off-policy model's counted at the base model's cost (x off_scale).
-    work["generated_tokens"] = (work["eval_tokens"] + work["pre_screen_tokens"] + regime_tokens["on"]
-                                + regime_tokens["off"] * off_scale)
+    # Answer tokens to generate, the off-policy model's counted at what they would cost the base model.
+    off_as_base = sum(regime_tokens["off"][c] * off_scale * answer_rate[c].value / off_rates[c].value for c in CONDITIONS)
+    work["generated_tokens"] = (work["eval_tokens"] + work["pre_screen_tokens"] + sum(regime_tokens["on"].values())
+                                + off_as_base)
     notes.append(
         f"sequence lengths by rule of thumb: answers {ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (B0/B1, docs/experiment.md),"
         f" {TOKENS_PER_WORD} tokens per word of the long system prompt"

@@ -246,3 +246,35 @@ def test_a_factor_that_sets_the_epochs_counts_its_cells_training():
     assert mixed.work["training_tokens"] / mixed.work["cells"] == pytest.approx(
         2 * one.work["training_tokens"] / one.work["cells"])
     assert mixed.hours["train"] > one.hours["train"]
+
+
+def test_generation_figures_are_the_full_size_measurements_of_each_condition(monkeypatch):
+    import json
+
+    from eps_screen import estimate as est_module
+    from eps_screen.estimate import CONDITIONS, FULL_SIZE
+
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    est = estimate(config)
+    for c in CONDITIONS:
+        for name, kind, run in ((f"generate {c} (vLLM, lora adapter)", "eval", f"{c}:eval"),
+                                (f"answers {c} (vLLM, no adapter)", "answers", f"{c}:answers"),
+                                (f"off-policy answers {c} (vLLM, the 32B shape)", "off-policy", f"{c}:answers")):
+            fig = est.figures[name]
+            assert fig["source"].endswith(FULL_SIZE[kind][int(c[3])]), name
+            measured = json.loads((ROOT / fig["source"]).read_text())["runs"][run]
+            assert fig["value"] == round(measured["tokens_per_s"]), name
+    # with the off-policy model measured, every throughput figure of the shipped config is a measured one
+    assert not any("not measured" in n for n in est.notes), est.notes
+    # another off-policy model: the measured 32B figures scaled by its size
+    bigger = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"model": "Qwen/Qwen2.5-72B-Instruct"})})
+    big = estimate(bigger)
+    assert any("32B-shaped model's measured figures scaled x2.2" in n for n in big.notes), big.notes
+    assert big.hours["regimes"] > est.hours["regimes"] and big.hours["eval"] == est.hours["eval"]
+    # without the result files (an installed package): the 256-token figures by A level, the model scaled
+    monkeypatch.setattr(est_module, "FULL_SIZE", {k: ("missing.json",) * 2 for k in FULL_SIZE})
+    short = estimate(config)
+    assert short.figures["generate A1B1 (vLLM, lora adapter)"]["source"].endswith("knob_graphs_1024_repeat.json")
+    assert any("up to 256 tokens" in n for n in short.notes)
+    assert any("scaled x4.2 by parameter count (not measured)" in n for n in short.notes)
+    assert short.hours["eval"] != est.hours["eval"] and short.hours["train"] == est.hours["train"]

