@@ -149,3 +149,22 @@ def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size
     vllm_backend.VLLMGenerator("tiny", config)
     assert seen.get("compilation_config") == want
     assert seen["enable_sleep_mode"] is True and seen["gpu_memory_utilization"] == 0.5
+
+
+def test_only_the_base_models_engine_reserves_adapter_slots(monkeypatch):
+    """Adapters are trained on model.base: the off-policy model's engine starts without LoRA, and asking it for an
+    adapter is an error that says so (checked with vllm.LLM replaced: no engine start)."""
+    import vllm
+
+    from eps_screen.generation import vllm_backend
+
+    seen: list[dict] = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: seen.append(kwargs))
+    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"}})
+    base = vllm_backend.VLLMGenerator("tiny", config)
+    off_policy = vllm_backend.VLLMGenerator("tiny", config.with_sets({"model.base": "tiny-alt"}))
+    assert seen[0]["enable_lora"] is True and seen[0]["max_loras"] == 8 and seen[0]["max_lora_rank"] == 32
+    assert seen[1]["enable_lora"] is False and not {"max_loras", "max_lora_rank", "max_cpu_loras"} & set(seen[1])
+    assert base._lora("/adapters/a1").lora_int_id == 1 and off_policy._lora(None) is None
+    with pytest.raises(ValueError, match="serves no adapters: adapters are trained on model.base"):
+        off_policy._lora("/adapters/a1")

@@ -2,7 +2,9 @@
 
 One engine per base model and process. Adapters are LoRA directories (eps_screen.training output) served with
 `enable_lora`: `generate_multi` sends the requests of many adapters in one call, so a whole slab is evaluated
-with one engine start, the scheduler batching requests of up to `max_loras` adapters together.
+with one engine start, the scheduler batching requests of up to `max_loras` adapters together. Adapters are
+trained on the screen's base model only, so an engine of another model (the off-policy model) starts without
+LoRA: no adapter slots are reserved, and its requests skip the LoRA kernels.
 
 Prompts are rendered with the tokenizer's own chat template (exactly as TransformersGenerator renders them) and
 passed as token ids, so both backends see the same tokens. Sampling uses one request per answer (a prompt with
@@ -90,18 +92,22 @@ class VLLMGenerator:
         self.tokenizer = load_tokenizer(model_ref, config.model.revision)
         path = resolve(model_ref)
         self.max_loras = int(getattr(ev, "vllm_max_loras", 8))
+        self.serves_adapters = model_ref == config.model.base
         kwargs = dict(
             model=path,
             tokenizer=path,
             revision=None if os.path.isdir(path) else config.model.revision,
             dtype=config.model.dtype if gpu else "float32",
-            enable_lora=True,
-            max_lora_rank=lora_rank_slot(config.lora.rank),
-            max_loras=self.max_loras,
-            max_cpu_loras=max(self.max_loras, int(getattr(ev, "vllm_max_cpu_loras", None) or 2 * self.max_loras)),
+            enable_lora=self.serves_adapters,
             seed=0,
             enforce_eager=(not gpu) if getattr(ev, "vllm_enforce_eager", None) is None else bool(ev.vllm_enforce_eager),
         )
+        if self.serves_adapters:
+            kwargs.update(
+                max_lora_rank=lora_rank_slot(config.lora.rank),
+                max_loras=self.max_loras,
+                max_cpu_loras=max(self.max_loras, int(getattr(ev, "vllm_max_cpu_loras", None) or 2 * self.max_loras)),
+            )
         max_len = getattr(ev, "vllm_max_model_len", None)
         if max_len:
             kwargs["max_model_len"] = int(max_len)
@@ -154,6 +160,9 @@ class VLLMGenerator:
     def _lora(self, adapter: str | None):
         if adapter is None:
             return None
+        if not self.serves_adapters:
+            raise ValueError(f"the engine of {self.model_ref} serves no adapters: adapters are trained on "
+                             "model.base, and only its engine evaluates them")
         from vllm.lora.request import LoRARequest
 
         path = os.path.abspath(adapter)
