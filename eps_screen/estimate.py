@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 
 from eps_screen import design
@@ -71,13 +72,17 @@ TOGETHER_RESULT = "gpu_together_h200_run3.json"
 TOGETHER_CELLS = 8
 
 
-def measured_run(file: str, **match) -> dict | None:
-    """The run of a committed result file (benchmarks/results) whose fields match; None where the file is not
+@cache
+def _result_runs(file: str) -> list | dict | None:
+    """The runs of a committed result file (benchmarks/results), read once per process; None where the file is not
     there (an installed package without the repository's benchmarks)."""
     path = Path(__file__).resolve().parents[1] / _R / file
-    if not path.is_file():
-        return None
-    return next((r for r in json.loads(path.read_text())["runs"] if all(r.get(k) == v for k, v in match.items())), None)
+    return json.loads(path.read_text())["runs"] if path.is_file() else None
+
+
+def measured_run(file: str, **match) -> dict | None:
+    """The run of a result file whose fields match, or None."""
+    return next((r for r in _result_runs(file) or [] if all(r.get(k) == v for k, v in match.items())), None)
 
 
 H200_COMPILE_WARMUP_S = Figure(25, "s per process", _R + "gpu_train_h200_compile.json", "first A1B1 run minus steady")
@@ -127,10 +132,7 @@ def full_size(kind: str, condition: str) -> Figure | None:
     """The full-size measurement of `kind` (eval, answers, off-policy) under an A x B condition; None where its
     result file is not there (an installed package without the repository's benchmarks)."""
     file = FULL_SIZE[kind][int(condition[3])]
-    path = Path(__file__).resolve().parents[1] / _R / file
-    if not path.is_file():
-        return None
-    run = json.loads(path.read_text())["runs"].get(f"{condition}:{'eval' if kind == 'eval' else 'answers'}")
+    run = (_result_runs(file) or {}).get(f"{condition}:{'eval' if kind == 'eval' else 'answers'}")
     if run is None:
         return None
     return Figure(round(run["tokens_per_s"]), "tokens/s", _R + file,
@@ -239,20 +241,24 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
     figures by A level."""
     path = "merged" if config.eval.vllm_merge_adapter else "lora"
     gen, base, off = {}, {}, {}
+    full_eval = {c: full_size("eval", c) for c in CONDITIONS}
     for c in CONDITIONS:
-        a = int(c[1])
-        gen[c] = full_size("eval", c) or H200_VLLM[path][a]
-        if path == "merged" and gen[c].source != H200_VLLM[path][a].source:
+        a, full = int(c[1]), full_eval[c]
+        if full is None:
+            gen[c] = H200_VLLM[path][a]
+        elif path == "merged":
             ratio = H200_VLLM["merged"][a].value / H200_VLLM["lora"][a].value
-            gen[c] = Figure(round(gen[c].value * ratio), gen[c].unit, f"{gen[c].source}, {H200_VLLM['merged'][a].source}",
+            gen[c] = Figure(round(full.value * ratio), full.unit, f"{full.source}, {H200_VLLM['merged'][a].source}",
                             f"the LoRA figure x{ratio:.2f}, merged over LoRA at 256-token answers")
+        else:
+            gen[c] = full
         base[c] = full_size("answers", c) or H200_VLLM["base"][a]
         off[c] = full_size("off-policy", c)
         figures[f"generate {c} (vLLM, {path} adapter)"] = gen[c]
         figures[f"answers {c} (vLLM, no adapter)"] = base[c]
         if off[c] and config.off_policy.kind == "model":
             figures[f"off-policy answers {c} (vLLM, the 32B shape)"] = off[c]
-    if all(f.source.startswith(_R + "gpu_full_size") for f in gen.values()):
+    if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                      f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")
         if path == "merged":

@@ -125,7 +125,7 @@ class VLLMGenerator:
         self.can_sleep = gpu
         self.asleep = False
         # Merging needs the training base's weights in this process: the base model's engine, on a GPU.
-        self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and model_ref == config.model.base
+        self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and self.serves_adapters
         self.model_config = config.model
         # What a job's timing breakdown needs of the engine: its start, each sleep and wake, tokens generated.
         self.stats: dict = {"start_s": 0.0, "sleep_s": [], "wake_s": [], "generated_tokens": 0, "requests": 0}
