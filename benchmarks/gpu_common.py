@@ -174,9 +174,21 @@ def write(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None, **sections):
-    """qwen7b.yaml on the 7B-shaped local model, with smaller data and panel sizes (`sections` replace whole
-    sections): the GPU job of the GPU-tier test and of benchmarks/gpu_job_bench.py."""
+def add_engine_args(extra: dict) -> None:
+    """The backend builds `vllm.LLM` from the config; a knob it does not expose is added here, for this process."""
+    import vllm
+
+    llm = vllm.LLM
+
+    def with_extra(**kwargs):
+        return llm(**{**kwargs, **extra})
+
+    vllm.LLM = with_extra
+
+
+def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None, reduced: bool = True, **sections):
+    """qwen7b.yaml on the 7B-shaped local model, with smaller data and panel sizes unless not `reduced` (`sections`
+    are merged into their sections): the GPU job of the GPU-tier test and of benchmarks/gpu_job_bench.py."""
     import yaml
 
     from eps_screen.config import parse_config
@@ -186,10 +198,12 @@ def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None
     data["model"]["base"] = str(model_dir)
     data["store"] = str(store)
     data["backend"] = {"generation": "vllm", "training": "trl"}
-    data["data"].update(positives=50, negatives=100)
-    data["training"].update(epochs=1)
-    data["eval"].update(samples=2, max_new_tokens=128)
-    data["execution"].update(pool="local-gpu", cells_per_job=4, max_parallel_cells=1)
+    data["execution"]["pool"] = "local-gpu"
+    if reduced:
+        data["data"].update(positives=50, negatives=100)
+        data["training"].update(epochs=1)
+        data["eval"].update(samples=2, max_new_tokens=128)
+        data["execution"].update(cells_per_job=4, max_parallel_cells=1)
     if engine_cache:
         data["execution"]["engine_cache_dir"] = str(engine_cache)
     for name, values in sections.items():

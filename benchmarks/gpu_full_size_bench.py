@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import environment, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
+from gpu_common import add_engine_args, environment, job_config, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
 
 # Qwen2.5-32B-Instruct's shape (its config.json), the vocabulary cut to the tokenizer's as in seven_b_dir.
 QWEN32B_SHAPE = dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
@@ -39,23 +39,9 @@ QWEN32B_SHAPE = dict(hidden_size=5120, intermediate_size=27648, num_hidden_layer
                      tie_word_embeddings=False)
 
 
-def full_size_config(model_dir: Path, store: Path, engine_cache: Path, tiny: bool):
-    """qwen7b.yaml as shipped, on the local 7B-shaped model (a dry run: the tiny shape and a small panel)."""
-    import yaml
-
-    from eps_screen.config import parse_config
-
-    root = Path(__file__).resolve().parents[1]
-    data = yaml.safe_load((root / "deployments" / "configs" / "qwen7b.yaml").read_text())
-    data["model"]["base"] = str(model_dir)
-    data["store"] = str(store)
-    data["backend"] = {"generation": "vllm", "training": "trl"}
-    data["execution"].update(pool="local-gpu", engine_cache_dir=str(engine_cache))
-    if tiny:
-        data["model"]["dtype"] = "float32"
-        data["data"].update(positives=6, negatives=12, train_questions=3)
-        data["eval"].update(personas=4, questions=2, samples=2, random_controls=2)
-    return parse_config(data)
+# A dry run's sizes (--tiny): the tiny shape, a small panel.
+TINY_SECTIONS = {"model": {"dtype": "float32"}, "data": {"positives": 6, "negatives": 12, "train_questions": 3},
+                 "eval": {"personas": 4, "questions": 2, "samples": 2, "random_controls": 2}}
 
 
 def force_lengths() -> None:
@@ -69,18 +55,6 @@ def force_lengths() -> None:
                               min_tokens=params.max_new_tokens, ignore_eos=True, seed=seed, skip_special_tokens=True)
 
     VLLMGenerator._sampling = sampling
-
-
-def dummy_weights() -> None:
-    """vLLM makes random weights itself for every engine of this process (the off-policy part)."""
-    import vllm
-
-    llm = vllm.LLM
-
-    def with_dummy(**kwargs):
-        return llm(**{**kwargs, "load_format": "dummy"})
-
-    vllm.LLM = with_dummy
 
 
 def off_policy_dir(path: Path, tiny: bool) -> Path:
@@ -149,11 +123,13 @@ def main() -> None:
               "engine_cache_warm_at_start": cache.exists() and any(cache.rglob("*")), "runs": {}}
     model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
     with tempfile.TemporaryDirectory() as tmp:
-        config = full_size_config(model_dir, Path(tmp) / "store", cache, args.tiny)
+        # qwen7b.yaml as shipped, on the local 7B-shaped model
+        config = job_config(model_dir, Path(tmp) / "store", engine_cache=cache, reduced=False,
+                            **(TINY_SECTIONS if args.tiny else {}))
         conditions = [(a, b) for b in ((0, 1) if args.part == "off-policy" else (int(args.part[1]),)) for a in (0, 1)]
         t = time.perf_counter()
         if args.part == "off-policy":
-            dummy_weights()
+            add_engine_args({"load_format": "dummy"})  # vLLM makes random weights itself: no 65 GB of files
             ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny))
             engine, adapter = engines.generator(config, ref), None
             result["model"] = {"shape": QWEN32B_SHAPE, "weights": "vLLM load_format=dummy"}

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import environment, job_config, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
+from gpu_common import add_engine_args, environment, job_config, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
 
 RUNS = ("A0:warmup", "A0:lora", "A0:merged", "A0:none", "A1:lora", "A1:merged", "A1:none")
 
@@ -37,18 +37,6 @@ def _setting(text: str) -> tuple[str, object]:
         return key, json.loads(raw)
     except json.JSONDecodeError:
         return key, raw
-
-
-def _add_engine_args(extra: dict) -> None:
-    """The backend builds `vllm.LLM` from the config; a knob it does not expose is added here, for this process."""
-    import vllm
-
-    llm = vllm.LLM
-
-    def with_extra(**kwargs):
-        return llm(**{**kwargs, **extra})
-
-    vllm.LLM = with_extra
 
 
 def first_token_logprobs(engine, prompts, adapter, merged: bool):
@@ -88,7 +76,7 @@ def main() -> None:
     eval_overrides = dict(_setting(s) for s in args.eval)
     engine_args = dict(_setting(s) for s in args.engine_arg)
     if engine_args:
-        _add_engine_args(engine_args)
+        add_engine_args(engine_args)
 
     from eps_screen import data, design
     from eps_screen.generation import GenerationParams
