@@ -518,6 +518,12 @@ class ExecutionConfig(_Strict):
                     " fewer when that keeps all max_parallel_cells GPUs busy. A crashed job is resubmitted whole;"
                     " its finished cells return from the store.",
     )
+    cells_per_stage: int = Field(
+        8, ge=1, le=64,
+        description="GPU jobs with job_eval per_job: cells trained before their adapters are evaluated and stored;"
+                    " a lost pod loses at most one stage's trainings, and one engine call serves at most this many"
+                    " adapters (keep it at most eval.vllm_max_loras).",
+    )
     job_eval: Literal["per_cell", "per_job"] = Field(
         "per_job",
         description="GPU jobs: per_job trains all of the job's cells (the short ones together, training.together),"

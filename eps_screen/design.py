@@ -486,7 +486,16 @@ def group_jobs(config: ScreenConfig, cell_ids: list[str], per_job: int, parallel
     """Cells (and the pre-screen, first) in GPU jobs of job_size cells.
 
     Ordered by regime (the cells that train on the same answers side by side), so a job generates each of its
-    regimes' answers once and its other cells of that regime reuse them."""
-    ordered = sorted(cell_ids, key=lambda c: "" if c == PRE_SCREEN_ID else regime_of(config, Cell.parse(c)).id)
+    regimes' answers once and its other cells of that regime reuse them. The off-policy regimes come first and
+    together, so that fewer jobs start the off-policy model's engine, then by levels before source, so that a
+    condition's cells of every source are side by side (short cells trained together fill a stage)."""
+
+    def order(cell_id: str) -> tuple:
+        if cell_id == PRE_SCREEN_ID:
+            return ()
+        r = regime_of(config, Cell.parse(cell_id))
+        return not r.off_policy, r.levels, r.source, r.seed, cell_id
+
+    ordered = sorted(cell_ids, key=order)
     size = job_size(len(ordered), per_job, parallel)
     return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]

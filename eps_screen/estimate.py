@@ -22,8 +22,8 @@ from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
-from eps_screen.job.training import trains_together
-from eps_screen.phase_sizes import dispatch_groups, multiseed_count
+from eps_screen.job.training import most_together, trains_together
+from eps_screen.phase_sizes import dispatch_groups, known_dispatches, multiseed_count
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
@@ -124,7 +124,9 @@ H200_VLLM = {
 # with random weights ("off-policy"). Where these files are present they replace the 256-token figures above.
 FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
              "answers": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
-             "off-policy": ("gpu_full_size_off_policy_h200.json",) * 2}
+             # the off-policy engine as jobs build it since it serves no adapter (LoRA off: no faster, 2-13% slower
+             # than with LoRA on, gpu_full_size_off_policy_h200.json; BENCHMARKS.md, "Generation at full size")
+             "off-policy": ("gpu_full_size_off_policy_nolora_h200.json",) * 2}
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
 
 
@@ -143,6 +145,10 @@ H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile ca
 H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
 H200_FIRST_SLEEP = Figure(16, "s", f"{_JTG}, {_JT}, {_J1}",
                           "an engine's first sleep (10-16 s, 16 with CUDA graphs to 1,024); later ones 0.4 s, waking 0.6 s")
+# A job that makes off-policy answer sets starts a second engine, the off-policy model's (the 32B shape: FlashInfer's
+# JIT cache warm, none of the shape's own compile cache; 189 s on a fresh machine, gpu_full_size_off_policy_nolora_h200).
+H200_OFF_POLICY_START = Figure(149, "s", _R + "gpu_full_size_off_policy_h200.json",
+                               "the off-policy engine's start (the 32B shape), per job that makes off-policy answers")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -223,6 +229,22 @@ def gpu_jobs(config: ScreenConfig, n_multi: int | None = None, cells_per_job: in
         return math.ceil(n / design.job_size(n, per_job, ex.max_parallel_cells))
 
     return 1 + sum(jobs(n) for n in dispatch_groups(config, n_multi))
+
+
+def off_policy_engine_starts(config: ScreenConfig, n_multi: int | None = None) -> int:
+    """GPU jobs that start the off-policy model's engine: those with an off-policy regime that no earlier dispatch
+    made (as design.group_jobs groups them). Every multi-seed job is counted: its cells come from the slab's
+    results, so which regimes they need is not known before."""
+    if config.off_policy.kind != "model":
+        return 0
+    ex, made, starts = config.execution, set(), 0
+    for cells in known_dispatches(config):
+        for job in design.group_jobs(config, [c.id for c in cells], ex.cells_per_job, ex.max_parallel_cells):
+            regimes = {design.regime_of(config, design.Cell.parse(c)) for c in job}
+            starts += any(r.off_policy and r not in made for r in regimes)
+        made |= {design.regime_of(config, c) for c in cells}
+    multi = multiseed_count(config) if n_multi is None else n_multi
+    return starts + (math.ceil(multi / design.job_size(multi, ex.cells_per_job, ex.max_parallel_cells)) if multi else 0)
 
 
 def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None) -> int:
@@ -359,9 +381,10 @@ def estimate(config: ScreenConfig) -> Estimate:
         if trains_together(config) and together is not None:
             train_rate["A0B0"] = Figure(round(together["tokens_per_s"]), "tokens/s", _R + TOGETHER_RESULT,
                                         f"{TOGETHER_CELLS} cells of a job in shared passes")
-            if config.execution.cells_per_job < TOGETHER_CELLS:
-                notes.append(f"A0B0 cells trained together measured {TOGETHER_CELLS} to a job; execution.cells_per_job"
-                             f"={config.execution.cells_per_job} shares fewer passes (slower than counted)")
+            if most_together(config) < TOGETHER_CELLS:
+                notes.append(f"A0B0 cells trained together measured {TOGETHER_CELLS} to a job; at most "
+                             f"{most_together(config)} (execution.cells_per_job, cells_per_stage) share fewer passes"
+                             " (slower than counted)")
         for c in CONDITIONS:
             label = "together" if c == "A0B0" and train_rate[c].source.endswith(TOGETHER_RESULT) else profile
             figures[f"train {c} ({label})"] = train_rate[c]
@@ -430,12 +453,17 @@ def estimate(config: ScreenConfig) -> Estimate:
                     * tail for c in CONDITIONS)
     prescreen_s = sum(prescreen_tokens[c] * tail / answer_rate[c].value for c in CONDITIONS)
     jobs = gpu_jobs(config, n_multi)
+    off_starts = 0 if tiny or override or not vllm else off_policy_engine_starts(config, n_multi)
+    if off_starts:
+        figures["off-policy engine start"] = H200_OFF_POLICY_START
+        notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
+                     " counted as all needing it)")
     hours = {
         "train": train_s / 3600,
         "eval": eval_s / 3600,
         "regimes": regimes_s / 3600,
         "pre_screen": prescreen_s / 3600,
-        "startup": jobs * startup_s / 3600,
+        "startup": (jobs * startup_s + off_starts * H200_OFF_POLICY_START.value) / 3600,
     }
     gpu_hours = sum(hours.values())
     work = {

@@ -34,7 +34,7 @@ from eps_screen.design import (
 )
 from eps_screen.generation import GenerationParams
 from eps_screen.job import engines
-from eps_screen.job.training import CellTraining, by_stage, train_cells
+from eps_screen.job.training import CellTraining, by_stage, stages, train_cells
 from eps_screen.provenance import provenance
 from eps_screen.scoring import answers_table, cell_rates
 from eps_screen.store import ResultStore, cell_key, regime_key
@@ -165,30 +165,22 @@ def _train(config: ScreenConfig, cell: Cell, store: ResultStore,
     return str(training.out_dir), report, timings
 
 
-def _train_job(config: ScreenConfig, cells: list[Cell], store: ResultStore,
-               on_step: dict[str, StepLog]) -> list[tuple]:
-    """A job's adapters, trained with the engines asleep: cells that share passes together, the rest alone
-    (eps_screen.job.training.train_cells), each under its own resolved recipe. Returns (cell, started, adapter
-    dir, train report, timings) per cell; the training's wall time is charged to the cells by their own training
-    seconds (a shared pass's by the tokens each cell had in it)."""
-    started, trainings, timings = [], [], []
-    for cell in cells:
-        started.append(time.perf_counter())
-        training, answers_s = _cell_training(config, cell, store, on_step[cell.id])
-        trainings.append(training)
-        timings.append({"answers_s": answers_s})
-    # One base for the job, as one engine evaluates it: run_job takes this path only when no factor varies the model.
-    base = engines.training_base(_engine_config(config))
+def _train_stage(base, prepared: list[tuple], stage) -> list[tuple]:
+    """A stage's adapters, trained with the engines asleep: cells that share passes together, the rest alone
+    (eps_screen.job.training.train_cells), each under its own resolved recipe. `prepared`: (cell, started,
+    training, timings) of each of the stage's cells. Returns (cell, started, adapter dir, train report, timings)
+    per cell; the stage's training wall time is charged to its cells by their own training seconds (a shared
+    pass's by the tokens each cell had in it)."""
     t = time.perf_counter()
     with engines.training():
-        reports = train_cells(base, trainings)
+        reports = train_cells(base, [training for _, _, training, _ in prepared], stage)
     train_s = time.perf_counter() - t
     own = sum(r.seconds for r in reports)
-    for report, times in zip(reports, timings, strict=True):
+    for report, (*_, times) in zip(reports, prepared, strict=True):
         times["train_s"] = train_s * report.seconds / own if own else train_s / len(reports)
         times["job_train_s"] = train_s
-    return [(cell, t0, str(tr.out_dir), report, times)
-            for cell, t0, tr, report, times in zip(cells, started, trainings, reports, timings, strict=True)]
+    return [(cell, t0, str(training.out_dir), report, times)
+            for (cell, t0, training, times), report in zip(prepared, reports, strict=True)]
 
 
 def _finish(config: ScreenConfig, cell: Cell, store: ResultStore, answers: pl.DataFrame, adapter: str | None,
@@ -265,9 +257,10 @@ def _compute_cell(config: ScreenConfig, cell: Cell, store: ResultStore, on_step:
 
 
 def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict[str, dict]:
-    """A GPU job's cells by stage (job.training.by_stage; otherwise one by one through run_cell): answer sets, all
-    trainings (engine asleep; shareable cells together), then one multi-LoRA evaluation of every adapter
-    (`generate_many`), each cell scored and stored as its answers arrive. Returns {cell id:
+    """A GPU job's cells by stage (job.training.by_stage; otherwise one by one through run_cell): answer sets,
+    then in stages of execution.cells_per_stage cells the stage's trainings (engine asleep; shareable cells
+    together) and one multi-LoRA evaluation of its adapters (`generate_many`), each cell scored and stored as its
+    answers arrive. Returns {cell id:
     metrics}. Finished cells come from the store; a cell whose adapter was trained by an earlier, interrupted
     run of the job is trained again (an adapter is only trusted once its cell's metrics are written)."""
     out: dict[str, dict] = {}
@@ -292,9 +285,27 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
 
 def _compute_job(config: ScreenConfig, todo: list[Cell], store: ResultStore,
                  runs: dict[str, tracking.CellRun]) -> dict[str, dict]:
-    """run_job's work by stage, each cell's training steps and results on its tracking run."""
+    """run_job's work by stage, each cell's training steps and results on its tracking run: every cell's answer
+    set first (each engine starts once a job), then stage by stage (job.training.stages) its cells' trainings and
+    one evaluation of their adapters, each cell stored before the next stage trains."""
+    prepared = []
+    for cell in todo:
+        started = time.perf_counter()
+        training, answers_s = _cell_training(config, cell, store, runs[cell.id].step)
+        prepared.append((cell, started, training, {"answers_s": answers_s}))
+    # One base for the job, as one engine evaluates it: run_job takes this path only when no factor varies the model.
+    base = engines.training_base(_engine_config(config))
     out = {}
-    trained = _train_job(config, todo, store, {cell_id: run.step for cell_id, run in runs.items()})
+    for stage in stages(base.tokenizer, [training for _, _, training, _ in prepared], config.execution.cells_per_stage):
+        trained = _train_stage(base, [prepared[i] for i in stage.cells], stage)
+        out.update(_evaluate_stage(config, trained, store, runs))
+    return out
+
+
+def _evaluate_stage(config: ScreenConfig, trained: list[tuple], store: ResultStore,
+                    runs: dict[str, tracking.CellRun]) -> dict[str, dict]:
+    """One multi-LoRA evaluation of a stage's adapters (`generate_many`), each cell scored and stored."""
+    out = {}
     t = time.perf_counter()
     recipes = [recipe(config, cell) for cell, *_ in trained]
     prompt_sets = [data.eval_prompts(r) for r in recipes]
@@ -311,7 +322,7 @@ def _compute_job(config: ScreenConfig, todo: list[Cell], store: ResultStore,
                                                                                strict=True):
         answers = answers_table(cell.as_dict(), [(panel, persona, q) for panel, persona, q, _ in prompts], outs,
                                 recipe(config, cell).config.marker, cell.factors)
-        # One engine call evaluated every cell: each is charged its share of it, by the characters it generated.
+        # One engine call evaluated the stage: each cell is charged its share of it, by the characters it generated.
         timings["eval_s"] = eval_s * n / max(1, sum(chars))
         timings["job_eval_s"] = eval_s
         out[cell.id] = _finish(config, cell, store, answers, adapter, report, timings, cell_started)

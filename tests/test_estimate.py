@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eps_screen.config import load_config
+from eps_screen.design import Cell
 from eps_screen.estimate import estimate
 from tests.conftest import CONFIGS, ROOT
 
@@ -57,24 +58,63 @@ def test_tiny_preset_costs_nothing():
     assert est.hardware == "CPU" and est.cost_usd == 0 and est.gpu_hours < 2
 
 
+def _start_up_per_job(config, est) -> float:
+    """Seconds of start-up per GPU job, less the off-policy engine's start in the jobs that make off-policy answers."""
+    from eps_screen.estimate import H200_OFF_POLICY_START, gpu_jobs, off_policy_engine_starts
+
+    off = off_policy_engine_starts(config) * H200_OFF_POLICY_START.value
+    return (est.hours["startup"] * 3600 - off) / gpu_jobs(config)
+
+
 def test_start_up_counts_the_jobs_dispatch_will_form():
     from eps_screen.design import group_jobs
-    from eps_screen.estimate import gpu_jobs
+    from eps_screen.estimate import gpu_jobs, off_policy_engine_starts
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     config = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 4, "max_parallel_cells": 8})})
-    # the same grouping as dispatch: pre-screen 1, smoke 8 cells -> 8 jobs (8 GPUs), the smoke source's
-    # 24 remaining slab cells -> 8 jobs of 3, two full slabs -> 8 jobs of 4 each, 18 multi-seed cells -> 6 jobs
+    # the same grouping as dispatch: pre-screen 1, smoke 8 cells -> 8 jobs (8 GPUs), the three slabs' 88 cells
+    # left (one dispatch) -> 22 jobs of 4, 18 multi-seed cells -> 6 jobs
     def jobs(n: int) -> int:
         return len(group_jobs(config, [f"s{i:02d}-A0B0C0D0E0-s1" for i in range(n)], 4, 8))
 
-    assert gpu_jobs(config, 18) == 1 + jobs(8) + jobs(24) + 2 * jobs(32) + jobs(18) == 39
+    assert gpu_jobs(config, 18) == 1 + jobs(8) + jobs(88) + jobs(18) == 37
     one_per_job = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 1})})
     batched, single = estimate(config), estimate(one_per_job)
-    assert single.hours["startup"] / batched.hours["startup"] == pytest.approx(115 / 39)
+        # the same start-up per job, and the off-policy engine's start in each job that makes off-policy answers
+    assert _start_up_per_job(one_per_job, single) == pytest.approx(_start_up_per_job(config, batched))
+    assert off_policy_engine_starts(one_per_job) > off_policy_engine_starts(config) > 0
     # one cell per job trains alone: only the A0B0 cells, which share passes in bigger jobs, take longer
     assert single.hours["train"] > batched.hours["train"] and single.hours["eval"] == batched.hours["eval"]
     assert "train A0B0 (together)" not in single.figures
+
+
+def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engine_start():
+    from eps_screen.design import group_jobs, regime_of
+    from eps_screen.estimate import off_policy_engine_starts
+    from eps_screen.phase_sizes import known_dispatches
+
+    config = load_config(CONFIGS / "qwen7b.yaml")  # 4 GPUs, 22 cells a job
+    ex = config.execution
+    smoke, slab = known_dispatches(config)
+    mixed = 0
+    for cells in (smoke, slab):
+        jobs = group_jobs(config, [c.id for c in cells], ex.cells_per_job, ex.max_parallel_cells)
+        for job in jobs:
+            off = [regime_of(config, Cell.parse(c)).off_policy for c in job]
+            assert off == sorted(off, reverse=True), job  # a job's off-policy cells first
+            mixed += len(set(off)) > 1
+        # the dispatch's off-policy cells fill as few jobs as they can
+        n_off = sum(regime_of(config, c).off_policy for c in cells)
+        size = len(jobs[0])
+        assert sum(any(regime_of(config, Cell.parse(c)).off_policy for c in job) for job in jobs) == -(-n_off // size)
+    assert mixed <= 2
+    # smoke: 4 D1 cells in 2 of its 4 jobs; slab: its 44 off-policy cells in 2 of 4 (the smoke's regimes are made);
+    # the 4 multi-seed jobs all counted
+    assert off_policy_engine_starts(config) == 2 + 2 + 4
+    est = estimate(config)
+    assert est.figures["off-policy engine start"]["value"] == 149
+    jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
+    assert off_policy_engine_starts(jsonl) == 0 and "off-policy engine start" not in estimate(jsonl).figures
 
 
 def _qwen_eval(**eval_):
@@ -108,15 +148,15 @@ def test_cells_per_job_with_the_fewest_jobs_for_the_gpus():
     from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
 
     config = load_config(CONFIGS / "qwen7b.yaml")
-    for gpus, best in ((8, 4), (4, 8), (2, 16)):
+    for gpus, best in ((8, 11), (4, 22), (2, 44)):  # the 88 slab cells of one dispatch decide
         at = _execution(config, max_parallel_cells=gpus)
         assert fewest_jobs_cells_per_job(at, 18) == best
         fewest = gpu_jobs(at, 18, best)
         # more cells per job changes nothing (dispatch keeps every GPU busy); fewer means more start-ups
         assert gpu_jobs(at, 18, best * 2) == fewest < gpu_jobs(at, 18, best - 1)
     small = _execution(config, max_parallel_cells=8, cells_per_job=2)
-    assert any("execution.cells_per_job: 4 gives the fewest jobs" in n for n in estimate(small).notes)
-    assert estimate(_execution(small, cells_per_job=4)).hours["startup"] < estimate(small).hours["startup"]
+    assert any("execution.cells_per_job: 11 gives the fewest jobs" in n for n in estimate(small).notes)
+    assert estimate(_execution(small, cells_per_job=11)).hours["startup"] < estimate(small).hours["startup"]
 
 
 def test_a_warm_engine_cache_and_merged_adapters_shorten_the_screen():
@@ -179,15 +219,16 @@ def _fold_over(config):
 
 
 def _dispatched_jobs(config) -> tuple[int, int]:
-    """(GPU jobs, cells) as flows/screen.py dispatches them: the pre-screen, the smoke, the fold-over, each source's
-    slab less the cells already run, the multi-seed cells; each dispatch grouped by design.group_jobs."""
+    """(GPU jobs, cells) as flows/screen.py dispatches them: the pre-screen, the smoke, the fold-over, every
+    source's slab (one dispatch) less the cells already run, the multi-seed cells; each dispatch grouped by
+    design.group_jobs."""
     from eps_screen import design
 
     ex = config.execution
     runs = design.phases(config).slab.runs()
     top = {s: runs[: config.seeds.top_k] for s in config.sources}
     phases = [design.smoke_cells(config), design.fold_over_cells(config),
-              *(design.slab_cells(config, s) for s in config.sources), design.multiseed_cells(config, top)]
+              design.all_slab_cells(config), design.multiseed_cells(config, top)]
     ran: set[str] = set()
     jobs = 1
     for cells in phases:
@@ -223,8 +264,8 @@ def test_the_cost_of_a_smaller_design_is_its_own():
 
     full, three = _qwen(), _marker_three(_qwen())
     big, small = estimate(full), estimate(three)
-    startup = big.hours["startup"] * 3600 / gpu_jobs(full)
-    assert startup > POD_STARTUP_S and small.hours["startup"] * 3600 == pytest.approx(gpu_jobs(three) * startup)
+    startup = _start_up_per_job(full, big)
+    assert startup > POD_STARTUP_S and _start_up_per_job(three, small) == pytest.approx(startup)
     assert any(f"; {gpu_jobs(three)} jobs of up to" in n for n in small.notes)
     # 8 slab cells per source against 32, the same mix of A x B conditions and loss masks: a quarter of the work
     assert small.work["cells"] == 3 * 8 + 3 * 3 * 2 and big.work["cells"] == 114

@@ -55,7 +55,7 @@ def test_the_fold_over_runs_after_the_smoke_and_before_the_slabs(run):
     _, state, subflows = run
     assert state.is_completed(), state.message
     started = {r.name: r.start_time for r in subflows}
-    assert started["phase 1: smoke"] < started["phase 1b: fold-over"] < started["phase 2: slab librarian"]
+    assert started["phase 1: smoke"] < started["phase 1b: fold-over"] < started["phase 2: slabs"]
     assert {r.name: r.state.type.value for r in subflows}["phase 1b: fold-over"] == "COMPLETED"
 
 

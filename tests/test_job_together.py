@@ -29,14 +29,15 @@ RANKS = [4, 16, 16, 4]
 STEPS = [8, 8, 16, 8]  # 8 examples in micro-batches of 4 (2 steps an epoch), 4 or 8 epochs
 
 
-def _config(store: Path, together: bool):
+def _config(store: Path, together: bool, per_stage: int = 8):
     data = load_config(CONFIGS / "tiny-recipe.yaml").model_dump(mode="json")
     data.update(store=str(store), sources=["librarian"])
     data["data"].update(positives=4, negatives=4, train_questions=2)
     # packing and a pass budget several cells' micro-batches fit in: what makes cells shareable (job.training.plan)
     data["training"].update(batch_size=4, packing=True, max_batch_tokens=4096, together=together)
     data["eval"].update(personas=2, questions=1, samples=1, random_controls=0, max_new_tokens=8, temperature=0.0)
-    data["execution"] = {"pool": "local-gpu", "cells_per_job": 4}  # job_eval left to its default: per_job
+    # job_eval left to its default: per_job
+    data["execution"] = {"pool": "local-gpu", "cells_per_job": 4, "cells_per_stage": per_stage}
     return parse_config(data)
 
 
@@ -110,6 +111,46 @@ def test_each_cell_trained_together_equals_it_trained_alone(jobs):
     first, last = CELLS[0].id, CELLS[3].id
     assert _distance(_adapter(Path(alone[first]["adapter"])), _adapter(Path(together[last]["adapter"]))) \
         > 100 * ADAPTER_TOL
+
+
+def test_a_job_trains_and_stores_its_cells_stage_by_stage(jobs, tmp_path, monkeypatch):
+    """Stages of two: each stage's cells share passes with each other only, and are evaluated and stored before
+    the next stage trains; a job that fails in its second stage keeps the first stage's cells, and its rerun
+    trains only the other two. Each cell's loss curve is its curve trained alone."""
+    config = _config(tmp_path / "store", together=True, per_stage=2)
+    store = ResultStore.for_config(config)
+    trained: list[list[str]] = []
+    real = pipeline.train_cells
+
+    def second_stage_fails(base, cells, stage=None):
+        trained.append([c.name for c in cells])
+        if len(trained) == 2:
+            raise RuntimeError("the pod vanished")
+        return real(base, cells, stage)
+
+    monkeypatch.setattr(pipeline, "train_cells", second_stage_fails)
+    try:
+        with pytest.raises(RuntimeError, match="vanished"):
+            pipeline.run_job(config, CELLS, store)
+        first = trained[0]
+        assert len(first) == 2 and len(trained[1]) == 2 and not set(first) & set(trained[1])
+        stored = {c.id for c in CELLS if store.cell_metrics(config, c) is not None}
+        assert stored == set(first), "the first stage's cells are stored before the second stage trains"
+        monkeypatch.setattr(pipeline, "train_cells", real)
+        done = pipeline.run_job(config, CELLS, store)
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+        engines._GENERATORS.clear()
+    assert {c for c, m in done.items() if m["reused"]} == set(first)
+    _, alone = jobs[False]
+    for cell in CELLS:
+        options = done[cell.id]["train"]["options"] if not done[cell.id]["reused"] else \
+            store.cell_metrics(config, cell)["train"]["options"]
+        assert options["together"] == 2 and len(options["trained_with"]) == 1, cell.id
+        assert options["trained_with"][0] in (first if cell.id in first else trained[1])
+        t, a = _report(store.cell_metrics(config, cell)), _report(alone[cell.id])
+        assert t["losses"] == pytest.approx(a["losses"], rel=LOSS_RTOL), f"{cell.id}: the loss curve differs"
 
 
 def test_estimate_and_memory_plan_count_shared_passes_where_the_job_runs_them():

@@ -125,14 +125,14 @@ def test_progress_plain_lines_when_not_a_terminal(tmp_path):
     assert "builds the tiny model" in lines[0]  # what the first minutes of a first run are spent on
     assert lines[1].startswith("screen offline: phase 0: pre-screen | 0/114 cells |") and "time left ?" in lines[1]
     assert any("phase 1: smoke 3/8 | 3/114 cells" in line for line in lines)
-    assert "phase 2: slab librarian 8/32 | 8/114 cells" in lines[-1]
+    assert "phase 2: slabs 8/96 | 8/114 cells" in lines[-1]
     assert "time left ~" in lines[-1]  # the pace of the cells finished here gives the time left
     assert len(lines) <= 1 + 2 + 8 + 1  # a line per change, not per poll
 
 
 def test_progress_bar_on_a_terminal(tmp_path):
     out = progress_output(tmp_path, terminal=True)
-    assert "\x1b" in out and "8/114" in out and "phase 2: slab librarian" in out
+    assert "\x1b" in out and "8/114" in out and "phase 2: slabs" in out
 
 
 def test_prefect_log_lines_print_above_the_live_bar_not_into_it(tmp_path):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eps_screen.config import ScreenConfig
-from eps_screen.job.training import trains_together
+from eps_screen.job.training import most_together, trains_together
 from eps_screen.sequence_lengths import sequence_tokens
 
 # GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
@@ -106,8 +106,8 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
     if t.max_batch_tokens:
         batch_tokens = min(batch_tokens, max(t.max_batch_tokens, longest))
     train = weights + TRAIN_GIB_PER_TOKEN * scale * batch_tokens + SLEEPING_ENGINE_GIB + MARGIN_GIB
-    cells = config.execution.cells_per_job
-    if trains_together(config):  # the job's short (A0B0) cells share passes, up to the token budget
+    cells = most_together(config)
+    if trains_together(config):  # a stage's short (A0B0) cells share passes, up to the token budget
         short = 1.2 * sequence_tokens(config, 0, 0)[2]
         pass_tokens = cells * t.batch_size * short
         if t.max_batch_tokens:
@@ -163,7 +163,7 @@ def batch_tokens_that_fit(config: ScreenConfig, have_gib: float) -> int | None:
     tokens = room / (TRAIN_GIB_PER_TOKEN * scale)
     floor = 1.2 * sequence_tokens(config, 1, 1)[2]
     if trains_together(config):
-        cells = config.execution.cells_per_job
+        cells = most_together(config)
         state = cells * ADAPTER_STATE_GIB_R32 * config.lora.rank / 32 * scale
         tokens = min(tokens, (room - state) / (TOGETHER_GIB_PER_TOKEN * scale))
         floor = max(floor, config.training.batch_size * 1.2 * sequence_tokens(config, 0, 0)[2])

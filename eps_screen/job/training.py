@@ -7,6 +7,11 @@ each alone (55.3 s for a process's first), since short cells are bound by optimi
 cells (one micro-batch fills the pass) gain nothing from it, and the compiled TRL path of train_lora was 15%
 faster for them: they train alone. Each cell brings its own resolved config, so cells of one job may differ in
 what a factor sets; `training.together: false` trains every cell alone.
+
+A job runs its cells in stages of at most execution.cells_per_stage: a stage's cells are trained, then its
+adapters evaluated and stored, before the next stage trains. A pod that vanishes loses at most one stage's
+trainings, and the engine serves no more adapters at once than it holds (eval.vllm_max_loras, 8 by default), so a
+job may hold many cells (fewer pod start-ups) at no more risk than a job of one stage.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ def trains_together(config: ScreenConfig) -> bool:
             and shares_passes(t.packing, config.lora.dropout, t.gradient_checkpointing, t.epochs))
 
 
+def most_together(config: ScreenConfig) -> int:
+    """The most cells a GPU job of this config trains in shared passes: one stage's."""
+    return min(config.execution.cells_per_job, config.execution.cells_per_stage)
+
+
 @dataclass(frozen=True)
 class CellTraining:
     config: ScreenConfig  # the cell's own resolved config
@@ -66,13 +76,41 @@ def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
     return groups, recipes
 
 
-def train_cells(base, cells: list[CellTraining]) -> list:
+@dataclass(frozen=True)
+class Stage:
+    cells: list[int]  # indices into the job's cells
+    groups: list[list[int]]  # of those, the ones trained together (indices into `cells`' positions)
+    recipes: list  # each of the stage's cells' recipe
+
+
+def stages(tokenizer, cells: list[CellTraining], size: int) -> list[Stage]:
+    """The job's cells in stages of at most `size`: every group of cells that share passes (`plan`) split into
+    stages of near-equal size of its own, then the cells that train alone, in job order. A split group's
+    part that shares too little (fewer than MIN_CELLS_PER_PASS cells a pass) trains alone."""
+    from eps_screen.training_together import cells_per_pass
+
+    groups, recipes = plan(tokenizer, cells)
+    out = []
+    for group in groups:
+        parts = -(-len(group) // size)
+        for k in range(parts):
+            part = group[k * len(group) // parts:(k + 1) * len(group) // parts]
+            shares = len(part) > 1 and cells_per_pass([recipes[i] for i in part]) >= MIN_CELLS_PER_PASS
+            out.append(Stage(part, [list(range(len(part)))] if shares else [], [recipes[i] for i in part]))
+    grouped = {i for g in groups for i in g}
+    alone = [i for i in range(len(cells)) if i not in grouped]
+    out += [Stage(alone[k:k + size], [], [recipes[i] for i in alone[k:k + size]]) for k in range(0, len(alone), size)]
+    return out
+
+
+def train_cells(base, cells: list[CellTraining], stage: Stage | None = None) -> list:
     """Every cell's adapter saved to its out_dir; returns their TrainReports in the order of `cells`. A report of
-    cells trained together names the others in options["trained_with"]."""
+    cells trained together names the others in options["trained_with"]. `stage`: these cells are that stage's,
+    already planned (`stages`)."""
     from eps_screen.training import train_lora
     from eps_screen.training_together import train_together
 
-    groups, recipes = plan(base.tokenizer, cells)
+    groups, recipes = (stage.groups, stage.recipes) if stage else plan(base.tokenizer, cells)
     reports: list = [None] * len(cells)
     for group in groups:
         trained = train_together(base, [recipes[i] for i in group], on_step=[cells[i].on_step for i in group])

@@ -14,8 +14,8 @@ from flows.runtime.artifacts import artifact_key
 
 
 class PhaseProgress:
-    """Cells finished out of the plan's distinct cells, and the current phase (its description, e.g. "phase 2: slab
-    librarian: 40 of 114 cells"); a log line at each phase's start and end."""
+    """Cells finished out of the plan's distinct cells, and the current phase (its description, e.g. "phase 2: slabs
+    (96 cells): 40 of 114 cells"); a log line at each phase's start and end."""
 
     def __init__(self, config: ScreenConfig, plan: Plan):
         self.done: set[str] = set()

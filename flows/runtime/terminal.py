@@ -33,10 +33,9 @@ def screen_phase(config: ScreenConfig, store: ResultStore, done: set[str], total
     folded = [c.id for c in design.fold_over_cells(config)]
     if not done.issuperset(folded):
         return f"phase 1b: fold-over {len(done.intersection(folded))}/{len(folded)}"
-    for source in config.sources:
-        slab = [c.id for c in design.slab_cells(config, source)]
-        if not done.issuperset(slab):
-            return f"phase 2: slab {source} {len(done.intersection(slab))}/{len(slab)}"
+    slab = [c.id for c in design.all_slab_cells(config)]
+    if not done.issuperset(slab):
+        return f"phase 2: slabs {len(done.intersection(slab))}/{len(slab)}"
     return "phase 3: multi-seed" if len(done) < total else "phase 4: aggregation"
 
 

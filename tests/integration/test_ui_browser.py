@@ -382,7 +382,7 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
         assert str(store.resolve()) in own["report-ui-screen"].description  # the artifact names the link's store
         assert moving, f"the progress artifact never showed an intermediate value: {sorted(set(progress))}"
         slab = requests.post(f"{api}/flow_runs/filter", timeout=30, json={
-            "flow_runs": {"parent_flow_run_id": {"any_": [run_id]}, "name": {"any_": ["phase 2: slab surgeon"]}},
+            "flow_runs": {"parent_flow_run_id": {"any_": [run_id]}, "name": {"any_": ["phase 2: slabs"]}},
         }).json()[0]
 
         browser.open(f"{ui}/runs/flow-run/{run_id}", "Task Runs")
@@ -426,7 +426,7 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
     assert requests.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["name"] == "screen-ui-screen"
     for gate in ("gate 1: pre-screen contamination", "gate 2: smoke verdict", "gate 3: sign instability"):
         assert gate in gate_runs, gate_runs[:2000]
-    for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slab librarian", "phase 4: aggregation"):
+    for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slabs", "phase 4: aggregation"):
         assert phase in phases, phases[:2000]
     assert re.search(r"TL;DR\. I simulated \d+ LoRA recipes", page), page[:2000]  # the preset form: simulated
     assert "What these numbers are. Simulated: no model was trained" in page, page[:2000]
@@ -437,7 +437,7 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
                 "4 all below noise no "):
         assert re.search(row, summary), (row, summary[:2000])
     cells_listed = set(re.findall(CELL_RUN, tasks))
-    assert len(cells_listed) >= 5 and all(c.startswith("surgeon-") for c in cells_listed), tasks[:2000]
+    assert len(cells_listed) >= 5 and all(c.endswith("-s42") for c in cells_listed), tasks[:2000]  # slab cells
     assert "progress-ui-screen" in arts and "cell-ui-screen-" not in arts, arts[:2000]  # cells: on the phases
     assert "cell-ui-screen-" in listing and re.search(r"\b11[4-9] Artifacts", listing), listing[:500]
     # This test is about the UI. A worker polling every few seconds beside a fast simulated screen gave 1-5
