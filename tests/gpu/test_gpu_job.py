@@ -28,7 +28,7 @@ pytestmark = [
 EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.job.memory)
 
 
-def _run_job(tmp_path, cells, card_gib: float | None = None) -> dict:
+def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | None = None) -> dict:
     """One GPU job of `cells` through the `cell` flow; with `card_gib`, on a card made that small by a ballast
     process holding the rest (so the engine sizes itself to what is free, and what the sleeping engine releases is
     really free: a per-process memory fraction still counts it, and training then fails at the cap)."""
@@ -47,7 +47,8 @@ def _run_job(tmp_path, cells, card_gib: float | None = None) -> dict:
     cache = Path(os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
     # per_job, the default: the flow's job task (all trainings, then one multi-LoRA evaluation); the per_cell path
     # runs through the same pipeline functions in benchmarks/gpu_job_bench.py.
-    config = job_config(model_dir, tmp_path / "store", engine_cache=cache, execution={"job_eval": "per_job"})
+    config = job_config(model_dir, tmp_path / "store", engine_cache=cache,
+                        execution={"job_eval": "per_job", **(execution or {})})
     try:
         with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
             t = time.perf_counter()
@@ -56,7 +57,7 @@ def _run_job(tmp_path, cells, card_gib: float | None = None) -> dict:
     finally:
         held_gib = ballast.stop() if ballast else 0.0
     store = ResultStore.for_config(config)
-    train_peaks, allocated_peaks = {}, {}
+    train_peaks, allocated_peaks, written = {}, {}, {}
     for c in cells:
         assert store.is_finished(config, c), f"{c.id}: no metrics in the store"
         m = store.cell_metrics(config, c)
@@ -65,6 +66,10 @@ def _run_job(tmp_path, cells, card_gib: float | None = None) -> dict:
         assert (store.cell_dir(config, c) / "adapter" / "adapter_model.safetensors").exists()
         train_peaks[c.id] = m["train"]["peak_memory_gb"]
         allocated_peaks[c.id] = m["train"]["peak_allocated_gb"]
+        cell_dir = store.cell_dir(config, c)
+        written[c.id] = {"adapter": (cell_dir / "adapter" / "adapter_model.safetensors").stat().st_mtime,
+                         "metrics": (cell_dir / "metrics.json").stat().st_mtime,
+                         "trained_with": m["train"]["options"].get("trained_with", [])}
     stats = engines.stats()[str(model_dir)]
     assert stats["sleep_s"], "the engine must sleep while the job trains"
     return {
@@ -79,6 +84,7 @@ def _run_job(tmp_path, cells, card_gib: float | None = None) -> dict:
         "training_peak_gib": train_peaks,  # engine asleep: what an 80 GB card must hold
         "training_peak_allocated_gib": allocated_peaks,  # the same, counting allocated instead of reserved memory
         "planned_training_peak_gib": memory_plan(config).train_peak_gib,
+        "written_at": written,  # each cell's adapter and metrics files, as the store's clock saw them
         "cells": summaries,
     }
 
@@ -120,6 +126,21 @@ def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
     # figure) is handed back and the allocation retried before a CUDA out-of-memory error.
     allocated = result["training_peak_allocated_gib"]
     assert max(allocated.values()) <= result["planned_training_peak_gib"], result
+
+
+def test_a_job_in_stages_stores_each_stage_before_the_next_trains(tmp_path):
+    """The same four cells in stages of two (execution.cells_per_stage): the A0 pair trained together, evaluated
+    and stored, then the A1 pair trained alone and evaluated; the engine sleeps and wakes once a stage."""
+    from benchmarks.gpu_common import job_cells
+
+    cells = job_cells()
+    result = _run_job(tmp_path, cells, execution={"cells_per_stage": 2})
+    _write("gpu_job_test_stages.json", result)
+    written = result["written_at"]
+    first, second = [c.id for c in cells if c.level("A") == 0], [c.id for c in cells if c.level("A") == 1]
+    assert written[first[0]]["trained_with"] == [first[1]] and not written[second[0]]["trained_with"], written
+    assert max(written[c]["metrics"] for c in first) < min(written[c]["adapter"] for c in second), written
+    assert len(result["engine"]["sleep_s"]) >= 2 and len(result["engine"]["wake_s"]) >= 2, result["engine"]
 
 
 def test_a_job_with_long_cells_fits_an_80gb_card(tmp_path):
