@@ -260,8 +260,7 @@ def run_job(config: ScreenConfig, cells: list[Cell], store: ResultStore) -> dict
     """A GPU job's cells by stage (job.training.by_stage; otherwise one by one through run_cell): answer sets,
     then in stages of execution.cells_per_stage cells the stage's trainings (engine asleep; shareable cells
     together) and one multi-LoRA evaluation of its adapters (`generate_many`), each cell scored and stored as its
-    answers arrive. Returns {cell id:
-    metrics}. Finished cells come from the store; a cell whose adapter was trained by an earlier, interrupted
+    answers arrive. Returns {cell id: metrics}. Finished cells come from the store; a cell whose adapter was trained by an earlier, interrupted
     run of the job is trained again (an adapter is only trusted once its cell's metrics are written)."""
     out: dict[str, dict] = {}
     todo: list[Cell] = []
@@ -311,7 +310,7 @@ def _evaluate_stage(config: ScreenConfig, trained: list[tuple], store: ResultSto
     prompt_sets = [data.eval_prompts(r) for r in recipes]
     jobs = [([p for *_, p in prompts], str(store.cell_dir(config, cell) / "adapter"))
             for (cell, *_), prompts in zip(trained, prompt_sets, strict=True)]
-    # One engine serves every adapter of the job: a factor on the base model or the decoding runs per cell instead.
+    # One engine serves every adapter of the stage: a factor on the base model or the decoding runs per cell instead.
     params = [_eval_params(r.config, cell.seed) for (cell, *_), r in zip(trained, recipes, strict=True)]
     engine = _engine_config(config)
     gen = engines.generator(engine, engine.model.base, trains=True)

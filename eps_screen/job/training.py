@@ -10,8 +10,8 @@ what a factor sets; `training.together: false` trains every cell alone.
 
 A job runs its cells in stages of at most execution.cells_per_stage: a stage's cells are trained, then its
 adapters evaluated and stored, before the next stage trains. A pod that vanishes loses at most one stage's
-trainings, and the engine serves no more adapters at once than it holds (eval.vllm_max_loras, 8 by default), so a
-job may hold many cells (fewer pod start-ups) at no more risk than a job of one stage.
+trainings, and one engine call serves no more adapters than the engine holds at once (8 by default, as
+eval.vllm_max_loras), so a job may hold many cells (fewer pod start-ups) at no more risk than a job of one stage.
 """
 
 from __future__ import annotations
