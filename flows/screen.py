@@ -191,10 +191,11 @@ class ScreenRun:
         finished). One phase for all sources: no gate lies between them, and on a GPU pool one dispatch fills its
         jobs with cells of any source, so fewer jobs pay a pod's start-up (qwen7b.yaml: 4 instead of 12, one
         source after another). Each source's slab is still saved as its own phase record."""
-        slabs = {source: design.slab_cells(self.config, source) for source in self.config.sources}
-        done = self.cells(design.all_slab_cells(self.config))
-        for source, cells in slabs.items():
-            self.store.save_phase(f"slab-{source}", {"source": source, "cells": {c.id: done[c.id] for c in cells}})
+        cells = design.all_slab_cells(self.config)
+        done = self.cells(cells)
+        for source in self.config.sources:
+            self.store.save_phase(f"slab-{source}", {"source": source,
+                                                     "cells": {c.id: done[c.id] for c in cells if c.source == source}})
         return done
 
     @flow(name="phase-3-multi-seed", flow_run_name="phase 3: multi-seed")

@@ -64,13 +64,21 @@ def server_errors(log_path: Path) -> list[str]:
             if "Encountered retryable exception in request" in line or "Encountered exception in request" in line]
 
 
+_API_FUNCTION = re.compile(r"prefect/server/api/(?!server\.py)\w+\.py\", line \d+, in (\w+)")
+
+
+def _failed_requests(log_path: Path, retryable: bool | None) -> list[tuple[str, str]]:
+    """(the log from the request's error on, the API function behind it or "?") of each request the server failed;
+    only the 503s (retryable=True), only the 500s (False) or both (None)."""
+    kind = {True: "retryable ", False: "", None: "(?:retryable )?"}[retryable]
+    blocks = re.split(rf"Encountered {kind}exception in request", log_path.read_text(errors="replace"))[1:]
+    return [(b, m[1] if (m := _API_FUNCTION.search(b)) else "?") for b in blocks]
+
+
 def failed_endpoints(log_path: Path, retryable: bool | None = None) -> list[str]:
     """The server's API function behind each request it failed (see server_errors), e.g. update_flow_run_labels;
     only the 503s (retryable=True) or only the 500s (False)."""
-    kind = {True: "retryable ", False: "", None: "(?:retryable )?"}[retryable]
-    blocks = re.split(rf"Encountered {kind}exception in request", log_path.read_text(errors="replace"))[1:]
-    return [m[1] if (m := re.search(r"prefect/server/api/(?!server\.py)\w+\.py\", line \d+, in (\w+)", b)) else "?"
-            for b in blocks]
+    return [function for _, function in _failed_requests(log_path, retryable)]
 
 
 # Prefect 3.7's PATCH /flow_runs/{id}/labels (a worker labels every run it submits) reads the run and writes it back
@@ -84,10 +92,8 @@ def stalled_reads(log_path: Path) -> list[str]:
     """The API function behind each 500 that was a read waiting out the server's database connection pool (30 s,
     Prefect's default) while its connections waited on SQLite's lock: seen on a loaded 2-core box, once, on a
     worker's `read_work_pool` poll. It changes nothing (a read), and the worker polls again."""
-    blocks = re.split(r"Encountered exception in request", log_path.read_text(errors="replace"))[1:]
-    found = [re.search(r"prefect/server/api/(?!server\.py)\w+\.py\", line \d+, in (\w+)", b) for b in blocks
-             if "QueuePool limit of size" in b.split("Encountered ")[0]]
-    return [m[1] for m in found if m and m[1].startswith("read_")]
+    return [function for log, function in _failed_requests(log_path, retryable=False)
+            if "QueuePool limit of size" in log.split("Encountered ")[0] and function.startswith("read_")]
 
 
 def count_retried_503s(log_path: Path, output: str, **figures: Any) -> list[str]:
