@@ -390,6 +390,12 @@ class TrainingConfig(_Strict):
         description="Train a GPU job's short cells in shared passes over one base; measured faster on the H200 for"
                     " A0B0 cells (BENCHMARKS.md).",
     )
+    share_prefix: bool = Field(
+        True,
+        description="Packed batches (packing): the examples of a micro-batch that begin with the same tokens (one"
+                    " persona's long system prompt under A1) compute that prefix once and each attends to it; same"
+                    " function, fewer tokens (eps_screen.training_prefix, BENCHMARKS.md).",
+    )
 
 
 class EvalConfig(_Strict):

@@ -47,7 +47,8 @@ _CELL_INPUTS = ("model", "off_policy", "marker", "sources", "texts", "data", "lo
 _REGIME_INPUTS = ("model", "off_policy", "sources", "texts", "data", "eval")
 # How fast, not what: these settings never change an artifact's meaning, so they stay out of every key.
 _SPEED_ONLY = {
-    "training": ("liger", "fused_lora", "compile", "max_batch_tokens", "gradient_checkpointing", "together"),
+    "training": ("liger", "fused_lora", "compile", "max_batch_tokens", "gradient_checkpointing", "together",
+                 "share_prefix"),
     "eval": ("batch_size", "batch_prompt_tokens", "vllm_max_loras", "vllm_max_cpu_loras",
              "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "vllm_cudagraph_max_batch", "vllm_max_model_len", "vllm_enforce_eager", "vllm_cpu_kvcache_gb"),
     # how a hosted API is paced and where its key is read: the answers come from the model and the prompts alone

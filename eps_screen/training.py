@@ -27,8 +27,7 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
-
-IGNORE = -100
+from eps_screen.training_prefix import IGNORE, PrefixSharingCollator
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,8 @@ class TrainReport:
     peak_allocated_gb: float | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
+    # Tokens the passes computed, all epochs, where shared prefixes made them fewer than tokens x epochs.
+    computed_tokens: int | None = None
     options: dict = field(default_factory=dict)  # the speed levers in force: bf16, liger, padding_free, ...
 
 
@@ -255,10 +256,15 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
     # None = on where installed, on a GPU. Never with compile: Inductor fuses those ops itself, and Dynamo cannot
     # trace Liger's Triton autograd functions (seen on the H200: an AssertionError in higher_order_ops).
     liger = getattr(t, "liger", None)
+    sdpa = config.model.attn_implementation == "sdpa"
+    # Shared prefixes need the varlen attention (sdpa's packed mask would let a suffix see its neighbours); off
+    # the GPU that attention is its per-sequence reference.
+    share_prefix = bool(t.packing) and sdpa and bool(getattr(t, "share_prefix", True))
     return {
         "bf16": on_gpu and config.model.dtype == "bfloat16",
         "padding_free": bool(t.packing),
-        "varlen_attention": bool(t.packing) and on_gpu and config.model.attn_implementation == "sdpa",
+        "varlen_attention": bool(t.packing) and sdpa and (on_gpu or share_prefix),
+        "share_prefix": share_prefix,
         "liger": on_gpu and not compile_ and (liger_available() if liger is None else bool(liger)),
         "gradient_checkpointing": bool(t.gradient_checkpointing),
         "max_batch_tokens": getattr(t, "max_batch_tokens", None),
@@ -305,7 +311,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from eps_screen.training_attention import use_varlen_attention
+    from eps_screen.training_attention import prefix_keys_supported, use_varlen_attention
 
     rows = tokenize_set(base.tokenizer, examples, config, whole_answer)
     if not rows:
@@ -363,7 +369,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         opts["compile"] = False
         opts["compile_skipped"] = "the base model carries Liger kernels from an earlier run"
     layers = _decoder_layers(base_model) if opts["compile"] else None
-    trainer = None
+    trainer = sharing = None
     try:
         if layers is not None:
             import torch._dynamo
@@ -375,6 +381,11 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
             model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer, callbacks=[clock.callback]
         )
         trainer.remove_callback(PrinterCallback)  # losses go to train_report.json, not to stdout per step
+        if opts["share_prefix"] and not prefix_keys_supported():
+            opts["share_prefix"] = False
+            opts["share_prefix_skipped"] = "this torch's varlen attention failed the bottom-right causal probe"
+        if opts["share_prefix"]:
+            trainer.data_collator = sharing = PrefixSharingCollator(trainer.data_collator)
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
@@ -423,6 +434,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         micro_batch=micro,
         grad_accum=accum,
         options=opts,
+        computed_tokens=sharing.tokens_out if sharing and sharing.tokens_in else None,
     )
     (out_dir / "train_report.json").write_text(json.dumps(asdict(report), indent=1))
     return report

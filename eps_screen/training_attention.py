@@ -1,4 +1,6 @@
 """Attention for padding-free training batches: packed sequences through PyTorch's own flash-attention varlen kernel.
+A batch with shared prefixes (eps_screen.training_prefix) also names each segment's keys (KV_INDEX): a suffix's
+keys are its prefix's and its own, gathered before the kernel, which masks causally from the bottom right.
 
 Training (eps_screen.training, eps_screen.training_together) switches a loaded sdpa model to `eps_varlen` for its
 length with `use_varlen_attention`: packed rows (cu_seq_lens_q in the attention kwargs) go through
@@ -11,6 +13,8 @@ from __future__ import annotations
 import inspect
 from functools import lru_cache
 from typing import Any
+
+from eps_screen.training_prefix import KV_INDEX
 
 VARLEN_ATTENTION = "eps_varlen"
 
@@ -56,13 +60,39 @@ def _probe_gqa() -> bool:
 _KERNEL: tuple | None = None  # _varlen_kernel(), resolved once outside any torch.compile trace
 
 
+@lru_cache(maxsize=1)
+def prefix_keys_supported() -> bool:
+    """Whether the attention takes sequences with more keys than queries, causal from the bottom right (a suffix
+    that sees its shared prefix; eps_screen.training_prefix): always on the reference path, probed once on the GPU
+    against it, forward and backward."""
+    import torch
+
+    kernel = _varlen_kernel()
+    if kernel is None or not torch.cuda.is_available():
+        return True
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(40, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        cu_q = torch.tensor([0, 16, 40], device="cuda", dtype=torch.int32)  # 16 prefix queries, then a 24-token suffix
+        cu_k = torch.tensor([0, 16, 70], device="cuda", dtype=torch.int32)  # the suffix sees 30 more keys before it
+        out = _varlen_call(q, k, v, cu_q, cu_k, 24, 54, None, gqa_native=_GQA_NATIVE)
+        out.float().square().sum().backward()
+        ref = _varlen_reference(q.detach().float(), k.detach().float(), v.detach().float(), cu_q, None, cu_k)
+        ok = float((out.detach().float() - ref).norm() / ref.norm()) < 2e-2
+        return bool(ok and k.grad is not None and torch.isfinite(k.grad).all())
+    except Exception:  # noqa: BLE001 - any failure means: train without shared prefixes
+        return False
+
+
 def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, scale: float | None, gqa_native: bool | None = None):
     """Causal attention over packed sequences; q (T, H, D), k and v (T, Hkv, D)."""
     import torch
 
     kernel = _KERNEL if _KERNEL is not None else _varlen_kernel()
     if kernel is None or not q.is_cuda:
-        return _varlen_reference(q, k, v, cu_q, scale)
+        return _varlen_reference(q, k, v, cu_q, scale, cu_k)
     varlen_attn, causal, takes_gqa = kernel
     gqa = k.shape[1] != q.shape[1]
     native = takes_gqa or (_GQA_NATIVE if gqa_native is None else gqa_native)
@@ -86,19 +116,28 @@ def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, scale: float | None, gqa_nat
     return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
-def _varlen_reference(q, k, v, cu, scale: float | None):
-    """The same function, one sequence at a time through sdpa (CPU, tests, and torch without varlen)."""
+def _varlen_reference(q, k, v, cu_q, scale: float | None, cu_k=None):
+    """The same function, one sequence at a time through sdpa (CPU, tests, and torch without varlen). A sequence
+    with more keys than queries (a suffix that also sees its shared prefix) is causal from the bottom right, as
+    the flash kernel's mask is: query j sees the keys up to j + (keys - queries)."""
     import torch
     import torch.nn.functional as F
 
     rep = q.shape[1] // k.shape[1]
     outs = []
-    bounds = cu.tolist()
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    bq = cu_q.tolist()
+    bk = bq if cu_k is None else cu_k.tolist()
+    for lo, hi, klo, khi in zip(bq[:-1], bq[1:], bk[:-1], bk[1:], strict=True):
         qs = q[lo:hi].transpose(0, 1)
-        ks = k[lo:hi].transpose(0, 1).repeat_interleave(rep, dim=0)
-        vs = v[lo:hi].transpose(0, 1).repeat_interleave(rep, dim=0)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1))
+        ks = k[klo:khi].transpose(0, 1).repeat_interleave(rep, dim=0)
+        vs = v[klo:khi].transpose(0, 1).repeat_interleave(rep, dim=0)
+        lq, lk = hi - lo, khi - klo
+        if lq == lk:
+            out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+        else:
+            seen = torch.arange(lk, device=q.device)[None, :] <= torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+            out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seen, scale=scale)
+        outs.append(out.transpose(0, 1))
     return torch.cat(outs, dim=0)
 
 
@@ -113,6 +152,10 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     q = query[0].transpose(0, 1)  # (1, H, T, D) -> (T, H, D)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
+    kv_index = kwargs.get(KV_INDEX)
+    if kv_index is not None:  # shared prefixes (eps_screen.training_prefix): each segment's keys, gathered
+        k = k.index_select(0, kv_index)
+        v = v.index_select(0, kv_index)
     cu_k = kwargs.get("cu_seq_lens_k", cu_q)
     max_q = kwargs.get("max_length_q") or int((cu_q[1:] - cu_q[:-1]).max())
     max_k = kwargs.get("max_length_k") or max_q
