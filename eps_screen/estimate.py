@@ -18,13 +18,14 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
-from eps_screen import design
+from eps_screen import design, wall_clock
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
 from eps_screen.job.training import most_together, trains_together
 from eps_screen.phase_sizes import dispatch_groups, known_dispatches, multiseed_count
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
+from eps_screen.training import split_batch
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 
@@ -66,6 +67,10 @@ H200_TRAIN = {
         "A1B1": Figure(10689, "tokens/s", _R + "gpu_train_h200_run1.json"),
     },
 }
+# The same profiles with each batch of 8 cut into micro-batches (training.max_batch_tokens, training.split_batch): the
+# result file and the variant whose runs give a condition's figure for the split the config gives it.
+SPLIT_RESULTS = {"padfree+fused+compile": ("gpu_train_h200_compile3.json", "padfree+fused+compile+tok11k"),
+                 "padfree+liger+fused": ("gpu_train_h200_run2.json", "padfree+liger+fused+tok11k")}
 # A GPU job's short (A0B0) cells trained together (eps_screen.job.training): 8 full-size cells in shared passes,
 # read from the committed result file. Longer conditions fill a pass with one cell's micro-batch and train alone.
 TOGETHER_RESULT = "gpu_together_h200_run3.json"
@@ -167,6 +172,9 @@ class Estimate:
     work: dict[str, float]  # cells, training tokens, generated tokens, ...
     figures: dict[str, dict]  # name -> {value, unit, source, note}
     notes: list[str] = field(default_factory=list)
+    wall_hours: float | None = None  # the screen's first job's start to its last one's end (eps_screen.wall_clock)
+    gpus_at_once: int | None = None
+    job_hours: list[list[float]] = field(default_factory=list)  # each GPU job's, by dispatch (the pre-screen's first)
 
     @property
     def summary(self) -> str:
@@ -179,6 +187,10 @@ class Estimate:
 
     def lines(self) -> list[str]:
         out = [f"estimate: {self.summary}"]
+        if self.wall_hours is not None:
+            gpus = f"{self.gpus_at_once} GPU{'s' * (self.gpus_at_once != 1)}"
+            out.append(f"wall clock: {self.wall_hours:.1f} h with {gpus} at once (execution.max_parallel_cells;"
+                       " the phases in turn, start-ups included)")
         out += [f"  {name}: {f['value']:,.0f} {f['unit']} ({f['source']}{'; ' + f['note'] if f['note'] else ''})"
                 for name, f in self.figures.items()]
         out += [f"  note: {n}" for n in self.notes]
@@ -190,6 +202,24 @@ class Estimate:
         fixed = self.hours["train"] + self.hours["startup"]
         tokens = self.work["generated_tokens"]
         return tokens / ((hours - fixed) * 3600) if hours > fixed and tokens else None
+
+
+def _cell_tokens(config: ScreenConfig, cell: design.Cell) -> tuple[str, float, float]:
+    """(A x B condition, training tokens, evaluation answer tokens) of a cell under its own recipe."""
+    rc, cond = (r := design.recipe(config, cell)).config, r.condition
+    a, b = int(cond.long_system_prompt), int(cond.long_format)
+    _, answer, seq = sequence_tokens(rc, a, b)
+    examples = rc.data.positives + (
+        0 if not cond.whole_answer_loss and rc.data.e0_negatives == "none" else rc.data.negatives)
+    answers = (rc.eval.personas * rc.eval.questions + rc.eval.random_controls) * rc.eval.samples
+    return f"A{a}B{b}", examples * seq * rc.training.epochs, answers * answer
+
+
+def _regime_tokens(config: ScreenConfig, regime: design.Regime) -> tuple[str, float]:
+    """(A x B condition, answer tokens) of a regime's answer set under its own recipe."""
+    rc, cond = (rr := design.regime_recipe(config, regime)).config, rr.condition
+    a, b = int(cond.long_system_prompt), int(cond.long_format)
+    return f"A{a}B{b}", (rc.data.positives + rc.data.negatives) * sequence_tokens(rc, a, b)[1]
 
 
 def _training_profile(config: ScreenConfig) -> tuple[str, list[str]]:
@@ -207,6 +237,27 @@ def _training_profile(config: ScreenConfig) -> tuple[str, list[str]]:
         profile = "padfree+liger+fused"
         notes.append("training.compile would make training ~10% faster (padfree+fused+compile figures)")
     return profile, notes
+
+
+def _train_rates(config: ScreenConfig, profile: str, notes: list[str]) -> dict[str, Figure]:
+    """Training tokens/s per A x B condition, each measured with the micro-batches that training.max_batch_tokens
+    cuts the condition's batches into (a split batch trains slower); where that split was not measured, the
+    whole-batch figure, noted."""
+    t, rates = config.training, dict(H200_TRAIN[profile])
+    file, variant = SPLIT_RESULTS.get(profile, (None, None))
+    for c in CONDITIONS:
+        seq = math.ceil(sequence_tokens(config, int(c[1]), int(c[3]))[2])
+        micro, accum = split_batch(t.batch_size, 1, seq, t.max_batch_tokens)
+        if micro == t.batch_size:
+            continue
+        run = measured_run(file, variant=variant, condition=c, micro_batch=micro, grad_accum=accum) if file else None
+        if run:
+            rates[c] = Figure(round(run["steady_tokens_per_s"]), "tokens/s", _R + file,
+                              f"{accum} micro-batches of {micro} a step, as training.max_batch_tokens cuts the batch")
+        else:
+            notes.append(f"train {c}: {accum} micro-batches of {micro} a step (training.max_batch_tokens "
+                         f"{t.max_batch_tokens}) not measured under {profile}: its whole-batch figure used (faster)")
+    return rates
 
 
 def generate_rows(config: ScreenConfig, a: int) -> int:
@@ -256,6 +307,17 @@ def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None) 
     trainings that were not yet evaluated."""
     parallel = config.execution.max_parallel_cells
     return max(1, max(math.ceil(n / parallel) for n in dispatch_groups(config, n_multi)))
+
+
+def at_gpu_counts(config: ScreenConfig, counts: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, Estimate]:
+    """The estimate at each number of GPUs at once (execution.max_parallel_cells), each with the cells_per_job that
+    gives it the fewest jobs: what more GPUs save in wall clock and cost in start-ups."""
+    out = {}
+    for n in counts:
+        at = config.model_copy(update={"execution": config.execution.model_copy(update={"max_parallel_cells": n})})
+        best = fewest_jobs_cells_per_job(at)
+        out[n] = estimate(at.model_copy(update={"execution": at.execution.model_copy(update={"cells_per_job": best})}))
+    return out
 
 
 def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[dict, dict, dict | None]:
@@ -329,15 +391,10 @@ def estimate(config: ScreenConfig) -> Estimate:
     n_cells = len(cells) + n_multi
     train_tokens = {c: 0.0 for c in CONDITIONS}
     eval_tokens = {c: 0.0 for c in CONDITIONS}
-    for c in cells:
-        rc, cond = (r := design.recipe(config, c)).config, r.condition
-        a, b = int(cond.long_system_prompt), int(cond.long_format)
-        _, answer, seq = sequence_tokens(rc, a, b)
-        examples = rc.data.positives + (
-            0 if not cond.whole_answer_loss and rc.data.e0_negatives == "none" else rc.data.negatives)
-        answers = (rc.eval.personas * rc.eval.questions + rc.eval.random_controls) * rc.eval.samples
-        train_tokens[f"A{a}B{b}"] += examples * seq * rc.training.epochs
-        eval_tokens[f"A{a}B{b}"] += answers * answer
+    cell_work = {c.id: _cell_tokens(config, c) for c in cells}
+    for cond, train, answers in cell_work.values():
+        train_tokens[cond] += train
+        eval_tokens[cond] += answers
     for tokens in (train_tokens, eval_tokens):
         for c in CONDITIONS:
             tokens[c] *= n_cells / len(cells)
@@ -346,10 +403,8 @@ def estimate(config: ScreenConfig) -> Estimate:
     regimes = design.regimes(config, slab)
     regime_tokens = {"on": dict.fromkeys(CONDITIONS, 0.0), "off": dict.fromkeys(CONDITIONS, 0.0)}
     for r in regimes:
-        rc, cond = (rr := design.regime_recipe(config, r)).config, rr.condition
-        a, b = int(cond.long_system_prompt), int(cond.long_format)
-        answer = sequence_tokens(rc, a, b)[1]
-        regime_tokens["off" if r.off_policy else "on"][f"A{a}B{b}"] += (rc.data.positives + rc.data.negatives) * answer
+        cond, tokens = _regime_tokens(config, r)
+        regime_tokens["off" if r.off_policy else "on"][cond] += tokens
     # Phase 3 re-runs at new seeds need their own answer sets: up to one per multi-seed cell, as the slabs' mix.
     for by_condition in regime_tokens.values():
         for c in CONDITIONS:
@@ -371,13 +426,13 @@ def estimate(config: ScreenConfig) -> Estimate:
         figures["train (tiny, CPU)"] = CPU_TINY_TRAIN
         figures["generate (tiny, CPU)"] = CPU_TINY_GENERATE
         tail = 1.0
-        startup_s = 0.0
+        startup_s = pre_screen_startup_s = 0.0
         notes.append("tiny model on the CPU: wall time of the in-process run, no GPU cost")
     else:
         hardware = "H200"
         profile, profile_notes = _training_profile(config)
         notes += profile_notes
-        train_rate = dict(H200_TRAIN[profile])
+        train_rate = _train_rates(config, profile, notes)
         together = measured_run(TOGETHER_RESULT, condition="A0B0", mode="together", cells=TOGETHER_CELLS)
         if trains_together(config) and together is not None:
             train_rate["A0B0"] = Figure(round(together["tokens_per_s"]), "tokens/s", _R + TOGETHER_RESULT,
@@ -423,21 +478,26 @@ def estimate(config: ScreenConfig) -> Estimate:
                 base_rate = {a: Figure(f.value * scale, f.unit, f.source, f"scaled x{scale:.2f}") for a, f in base_rate.items()}
             notes.append(f"{config.model.base}: figures scaled from the 7.6B-parameter measurements by parameter count")
         startup_s = POD_STARTUP_S
+        pre_screen_skips = 0.0  # the pre-screen's job trains nothing: nothing compiles, its engine never sleeps
         if vllm and not override:
             start = H200_VLLM_START_WARM if config.execution.engine_cache_dir else H200_VLLM_START_COLD
             figures["vLLM engine start"] = start
             figures["first engine sleep"] = H200_FIRST_SLEEP
             startup_s += start.value + H200_FIRST_SLEEP.value
+            pre_screen_skips += H200_FIRST_SLEEP.value
             if not config.execution.engine_cache_dir:
                 notes.append(f"execution.engine_cache_dir (a network volume) would start each job's engine in "
                              f"~{H200_VLLM_START_WARM.value:.0f} s instead of {H200_VLLM_START_COLD.value:.0f} s")
         if getattr(config.training, "compile", False):
             startup_s += H200_COMPILE_WARMUP_S.value
+            pre_screen_skips += H200_COMPILE_WARMUP_S.value
             figures["compile warm-up"] = H200_COMPILE_WARMUP_S
+        pre_screen_startup_s = startup_s - pre_screen_skips
         n_jobs = gpu_jobs(config, n_multi)
         best = fewest_jobs_cells_per_job(config, n_multi)
         notes.append(f"per GPU job {startup_s:.0f} s of start-up ({POD_STARTUP_S} s of it pod start and model"
-                     f" download, assumed); {n_jobs} jobs of up to execution.cells_per_job="
+                     f" download, assumed; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
+                     f" compile warm-up or engine sleep); {n_jobs} jobs of up to execution.cells_per_job="
                      f"{config.execution.cells_per_job} cells")
         if best > config.execution.cells_per_job:
             fewer = gpu_jobs(config, n_multi, best)
@@ -450,8 +510,20 @@ def estimate(config: ScreenConfig) -> Estimate:
     # Answer sets and the pre-screen run without an adapter, each under its own prompt condition.
     answer_rate = base_rate or gen_rate
     off_rates, off_scale = _off_policy_rates(config, answer_rate, off_rate, tiny, notes)
-    regimes_s = sum((regime_tokens["on"][c] / answer_rate[c].value + regime_tokens["off"][c] * off_scale / off_rates[c].value)
-                    * tail for c in CONDITIONS)
+
+    def cell_s(cell: design.Cell) -> float:
+        """A cell's training and evaluation seconds at its condition's rates."""
+        cond, train, answers = cell_work[cell.id]
+        return train / train_rate[cond].value + answers * tail / gen_rate[cond].value
+
+    def regime_s(r: design.Regime) -> float:
+        """An answer set's seconds: the base model's, or the off-policy model's (no GPU time from a file or an API)."""
+        cond, tokens = _regime_tokens(config, r)
+        if not r.off_policy:
+            return tokens * tail / answer_rate[cond].value
+        return tokens * off_scale * tail / off_rates[cond].value if config.off_policy.kind == "model" else 0.0
+
+    regimes_s = sum(map(regime_s, regimes)) * (1 + n_multi / max(1, len(regimes)))
     prescreen_s = sum(prescreen_tokens[c] * tail / answer_rate[c].value for c in CONDITIONS)
     jobs = gpu_jobs(config, n_multi)
     off_starts = 0 if tiny or override or not vllm else off_policy_engine_starts(config, n_multi)
@@ -464,8 +536,13 @@ def estimate(config: ScreenConfig) -> Estimate:
         "eval": eval_s / 3600,
         "regimes": regimes_s / 3600,
         "pre_screen": prescreen_s / 3600,
-        "startup": (jobs * startup_s + off_starts * H200_OFF_POLICY_START.value) / 3600,
+        "startup": (pre_screen_startup_s + (jobs - 1) * startup_s + off_starts * H200_OFF_POLICY_START.value) / 3600,
     }
+    # The multi-seed cells, not known before, each as the mean slab cell with an answer set of the mean regime.
+    multiseed_cell_s = sum(map(cell_s, cells)) / len(cells) + sum(map(regime_s, regimes)) / max(1, len(regimes))
+    costs = wall_clock.JobCosts(startup_s, H200_OFF_POLICY_START.value if off_starts else 0.0, cell_s, regime_s,
+                                multiseed_cell_s)
+    spans = [] if tiny else wall_clock.schedule(config, costs, pre_screen_startup_s + prescreen_s, n_multi)
     gpu_hours = sum(hours.values())
     work = {
         "cells": n_cells,
@@ -496,4 +573,7 @@ def estimate(config: ScreenConfig) -> Estimate:
         work=work,
         figures={k: {"value": f.value, "unit": f.unit, "source": f.source, "note": f.note} for k, f in figures.items()},
         notes=notes,
+        wall_hours=wall_clock.wall_hours(spans) if spans else None,
+        gpus_at_once=None if tiny else config.execution.max_parallel_cells,
+        job_hours=[[(end - start) / 3600 for start, end in jobs] for jobs in spans],
     )

@@ -59,11 +59,13 @@ def test_tiny_preset_costs_nothing():
 
 
 def _start_up_per_job(config, est) -> float:
-    """Seconds of start-up per GPU job, less the off-policy engine's start in the jobs that make off-policy answers."""
+    """Seconds of start-up per cell job, less the off-policy engine's start in the jobs that make off-policy answers
+    (the pre-screen's job, which trains nothing, counted with the warm-ups it skips)."""
     from eps_screen.estimate import H200_OFF_POLICY_START, gpu_jobs, off_policy_engine_starts
 
     off = off_policy_engine_starts(config) * H200_OFF_POLICY_START.value
-    return (est.hours["startup"] * 3600 - off) / gpu_jobs(config)
+    skipped = sum(est.figures[k]["value"] for k in ("compile warm-up", "first engine sleep") if k in est.figures)
+    return (est.hours["startup"] * 3600 - off + skipped) / gpu_jobs(config)
 
 
 def test_start_up_counts_the_jobs_dispatch_will_form():
@@ -200,7 +202,7 @@ def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_f
     assert "train A0B0 (together)" not in alone.figures
     assert together.hours["train"] < estimate(_qwen(gradient_checkpointing=True)).hours["train"]
     # the other conditions fill a pass with one cell: their figures stay the alone ones
-    assert together.figures["train A1B1 (padfree+fused+compile)"]["source"].endswith("compile2.json")
+    assert together.figures["train A1B0 (padfree+fused+compile)"]["source"].endswith("compile.json")
 
 
 def _marker_three(config):
@@ -319,3 +321,110 @@ def test_generation_figures_are_the_full_size_measurements_of_each_condition(mon
     assert any("up to 256 tokens" in n for n in short.notes)
     assert any("scaled x4.2 by parameter count (not measured)" in n for n in short.notes)
     assert short.hours["eval"] != est.hours["eval"] and short.hours["train"] == est.hours["train"]
+
+
+def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches():
+    from eps_screen.estimate import measured_run
+
+    name = "train A1B1 (padfree+fused+compile)"
+    split, whole = estimate(_qwen()), estimate(_qwen(max_batch_tokens=None))
+    # qwen7b.yaml cuts A1B1's 8 x 2,093 tokens at 11,000: 2 micro-batches of 4, measured so
+    run = measured_run("gpu_train_h200_compile3.json", condition="A1B1", micro_batch=4, grad_accum=2)
+    assert run["options"]["max_batch_tokens"] == 11000
+    assert split.figures[name]["value"] == round(run["steady_tokens_per_s"]) == 15382
+    assert split.figures[name]["source"].endswith("gpu_train_h200_compile3.json")
+    # the other conditions' batches fit whole: their figures are the whole-batch ones
+    assert split.figures["train A0B1 (padfree+fused+compile)"] == whole.figures["train A0B1 (padfree+fused+compile)"]
+    # no max_batch_tokens: the whole batch in one pass, measured faster
+    assert whole.figures[name]["value"] == 16060 and whole.figures[name]["source"].endswith("compile2.json")
+    assert whole.hours["train"] < split.hours["train"]
+    # without compile, the same split measured under that profile
+    assert estimate(_qwen(compile=False)).figures["train A1B1 (padfree+liger+fused)"]["value"] == 15360
+    # a split never measured: the whole-batch figure, said so
+    small = estimate(_qwen(max_batch_tokens=5000))
+    assert small.figures[name] == whole.figures[name]
+    assert any(n.startswith("train A1B1: 4 micro-batches of 2 a step") and "not measured" in n for n in small.notes)
+    assert not any("micro-batches" in n for n in split.notes + whole.notes)
+
+
+def test_the_pre_screen_job_pays_no_training_warm_up():
+    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_OFF_POLICY_START, gpu_jobs, \
+        off_policy_engine_starts
+
+    config = _qwen()
+    est, jobs = estimate(config), gpu_jobs(config)
+    per_job = 268  # pod 180 + warm engine start 47 + first sleep 16 + compile warm-up 25
+    off = off_policy_engine_starts(config) * H200_OFF_POLICY_START.value
+    # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
+    pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
+    assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
+    assert est.job_hours[0] == [pytest.approx(est.hours["pre_screen"] + pre_screen / 3600)]
+    # compile costs its warm-up in every cell job, not in the pre-screen's
+    eager = estimate(_qwen(compile=False))
+    assert (est.hours["startup"] - eager.hours["startup"]) * 3600 == pytest.approx((jobs - 1) * H200_COMPILE_WARMUP_S.value)
+    assert any("the pre-screen's 227 s" in n for n in est.notes)
+
+
+def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
+    from eps_screen.estimate import at_gpu_counts
+
+    config = _qwen()
+    by_gpus = at_gpu_counts(config)
+    walls = [e.wall_hours for e in by_gpus.values()]
+    gpu_hours = [e.gpu_hours for e in by_gpus.values()]
+    assert list(by_gpus) == [1, 2, 4, 8]
+    assert walls == sorted(walls, reverse=True) and len(set(walls)) == 4
+    assert gpu_hours == sorted(gpu_hours) and len(set(gpu_hours)) == 4
+    # one GPU runs every job in turn: the wall clock is the GPU-hours
+    assert by_gpus[1].wall_hours == pytest.approx(by_gpus[1].gpu_hours)
+    # the shipped config (4 GPUs, 22 cells a job) is the 4-GPU row
+    shipped = estimate(config)
+    assert shipped.gpus_at_once == 4 and shipped.wall_hours == pytest.approx(by_gpus[4].wall_hours)
+    assert shipped.as_dict()["wall_hours"] == shipped.wall_hours
+    assert any(line.startswith("wall clock: 2.9 h with 4 GPUs at once") for line in shipped.lines())
+    assert estimate(load_config(CONFIGS / "tiny.yaml")).wall_hours is None  # in-process on the CPU
+
+
+def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
+    from eps_screen.estimate import H200_OFF_POLICY_START, gpu_jobs
+    from eps_screen.phase_sizes import dispatch_groups
+
+    config = _qwen()
+    est = estimate(config)
+    assert [len(jobs) for jobs in est.job_hours] == [1, 4, 4, 4]  # the pre-screen, smoke, slab, multi-seed jobs
+    assert sum(map(len, est.job_hours)) == gpu_jobs(config)
+    # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
+    n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
+    per_job = 268 + H200_OFF_POLICY_START.value
+    regimes = 48  # the phase-1-2 answer sets: 18 more in phase 3 as their mean
+    share = (len(est.job_hours[-1]) * per_job / 3600 + (est.hours["train"] + est.hours["eval"]) * n_multi / cells
+             + est.hours["regimes"] * n_multi / (regimes + n_multi))
+    assert sum(est.job_hours[-1]) == pytest.approx(share)
+    # as shipped no two jobs of a dispatch share an answer set (each job holds whole regimes): the jobs add up to
+    # the GPU-hours, the pre-screen's job with them
+    assert sum(map(sum, est.job_hours)) == pytest.approx(est.gpu_hours)
+    # one GPU, one cell per job: each answer set is made once, by the first job that needs it; later jobs read it
+    # from the store (and start no off-policy engine for it, which the GPU-hours count in every such job)
+    serial = estimate(_execution(config, max_parallel_cells=1, cells_per_job=1))
+    assert serial.wall_hours == pytest.approx(sum(map(sum, serial.job_hours)))
+    assert serial.wall_hours <= serial.gpu_hours
+    assert serial.gpu_hours - serial.wall_hours < est.hours["regimes"]
+    # 8 such jobs at once: those that start together and share an answer set each make it
+    parallel = estimate(_execution(config, max_parallel_cells=8, cells_per_job=1))
+    assert sum(map(sum, parallel.job_hours)) > sum(map(sum, serial.job_hours))
+
+
+def test_validate_prints_the_wall_clock_and_what_other_gpu_counts_give(capsys):
+    from types import SimpleNamespace
+
+    from flows.cli import validate
+
+    assert validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml"))) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.startswith("estimate: "))
+    assert lines[at + 1].startswith("wall clock: 2.9 h with 4 GPUs at once")
+    counts = lines[at + 2]
+    assert counts.startswith("GPUs at once: 1 -> ") and all(f", {n} -> " in counts for n in (2, 4, 8))
+    assert " h GPU / " in counts and "fewest jobs" in counts
+    assert validate.run(SimpleNamespace(config=str(CONFIGS / "tiny.yaml"))) == 0  # on the CPU: neither line
+    assert not any(s in capsys.readouterr().out for s in ("wall clock:", "GPUs at once:"))

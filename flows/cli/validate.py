@@ -14,6 +14,17 @@ def run(args) -> int:
     plan = make_plan(config)
     for line in plan.lines():
         print(f"  {line}")
+        if line.startswith("wall clock:"):
+            print(f"  {gpu_counts_line(config)}")
     for line in plan.problems:
         print(f"error: {line}", file=sys.stderr)
     return 2 if plan.problems else 0
+
+
+def gpu_counts_line(config) -> str:
+    """GPU-hours against wall clock for 1 to 8 GPUs at once, so that a user choosing execution.max_parallel_cells
+    sees what the extra start-ups buy."""
+    from eps_screen.estimate import at_gpu_counts  # imported by the plan before it printed a wall clock
+
+    parts = [f"{n} -> {e.gpu_hours:.1f} h GPU / {e.wall_hours:.1f} h wall" for n, e in at_gpu_counts(config).items()]
+    return f"GPUs at once: {', '.join(parts)} (each with the cells_per_job that gives it the fewest jobs)"
