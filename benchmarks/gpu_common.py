@@ -168,6 +168,11 @@ def out_dir(default: str = "benchmarks/results") -> Path:
     return path
 
 
+def cache_files(root: Path) -> int:
+    """How many files a compile cache directory holds (its subdirectories, made before any compile, not counted)."""
+    return sum(1 for p in Path(root).rglob("*") if p.is_file()) if Path(root).is_dir() else 0
+
+
 def write(path: Path, payload: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=str))
@@ -186,9 +191,11 @@ def add_engine_args(extra: dict) -> None:
     vllm.LLM = with_extra
 
 
-def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None, reduced: bool = True, **sections):
+def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None, reduced: bool = True,
+               overrides: dict | None = None, **sections):
     """qwen7b.yaml on the 7B-shaped local model, with smaller data and panel sizes unless not `reduced` (`sections`
-    are merged into their sections): the GPU job of the GPU-tier test and of benchmarks/gpu_job_bench.py."""
+    are merged into their sections, then `overrides` set by dotted path, e.g. {"training.share_prefix": False}):
+    the GPU job of the GPU-tier test and of benchmarks/gpu_job_bench.py."""
     import yaml
 
     from eps_screen.config import parse_config
@@ -208,7 +215,13 @@ def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None
         data["execution"]["engine_cache_dir"] = str(engine_cache)
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
-    return parse_config(data)
+    for path, value in (overrides or {}).items():
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_config(data)  # a misspelt field is an error here: the config's sections are strict
 
 
 def job_cells() -> list:

