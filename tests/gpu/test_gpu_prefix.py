@@ -82,6 +82,8 @@ def test_shared_prefixes_match_unshared_on_the_7b_shape(tmp_path):
         "loss_plain": plain.losses, "loss_shared": shared.losses,
         "loss_max_rel": max(abs(x - y) / max(abs(x), 1.0) for x, y in zip(plain.losses, shared.losses, strict=True)),
         "adapter_max_rel": max(_rel(w["shared"][k], w["plain"][k]) for k in w["plain"]),
+        "adapter_median_rel": sorted(_rel(w["shared"][k], w["plain"][k]) for k in w["plain"])[len(w["plain"]) // 2],
+        "adapter_worst": max(w["plain"], key=lambda k: _rel(w["shared"][k], w["plain"][k])),
         "other_cell_min_rel": min(_rel(w["other"][k], w["plain"][k]) for k in w["plain"] if "lora_B" in k),
         "seconds": {"plain": plain.seconds, "shared": shared.seconds},
         "steady_tokens_per_s": {"plain": plain.steady_tokens_per_s, "shared": shared.steady_tokens_per_s},
