@@ -25,7 +25,7 @@ from eps_screen.job.memory import REFERENCE_PARAMS, model_params
 from eps_screen.job.training import most_together, trains_together
 from eps_screen.phase_sizes import dispatch_groups, known_dispatches, multiseed_count
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
-from eps_screen.training import split_batch
+from eps_screen.training import speed_options, split_batch
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
 
@@ -75,6 +75,11 @@ SPLIT_RESULTS = {"padfree+fused+compile": ("gpu_train_h200_compile3.json", "padf
 # read from the committed result file. Longer conditions fill a pass with one cell's micro-batch and train alone.
 TOGETHER_RESULT = "gpu_together_h200_run3.json"
 TOGETHER_CELLS = 8
+# Shared prefixes (training.share_prefix): a step's time without over with them, for one A1 cell at qwen7b.yaml's
+# sizes and persona mix, both in one process once compiled (the "-again" runs of benchmarks/gpu_prefix_bench.py).
+# (condition, micro-batch) -> the runs' suffix: which split each pair was measured with.
+PREFIX_RESULT = "gpu_prefix/gpu_prefix_bench_h200_run2.json"
+PREFIX_RUNS = {("A1B0", 8): "", ("A1B1", 4): "", ("A1B1", 8): "-17k"}
 
 
 @cache
@@ -245,19 +250,35 @@ def _train_rates(config: ScreenConfig, profile: str, notes: list[str]) -> dict[s
     whole-batch figure, noted."""
     t, rates = config.training, dict(H200_TRAIN[profile])
     file, variant = SPLIT_RESULTS.get(profile, (None, None))
+    shares = speed_options(config, on_gpu=True)["share_prefix"]
     for c in CONDITIONS:
         seq = math.ceil(sequence_tokens(config, int(c[1]), int(c[3]))[2])
         micro, accum = split_batch(t.batch_size, 1, seq, t.max_batch_tokens)
-        if micro == t.batch_size:
-            continue
-        run = measured_run(file, variant=variant, condition=c, micro_batch=micro, grad_accum=accum) if file else None
-        if run:
-            rates[c] = Figure(round(run["steady_tokens_per_s"]), "tokens/s", _R + file,
-                              f"{accum} micro-batches of {micro} a step, as training.max_batch_tokens cuts the batch")
-        else:
-            notes.append(f"train {c}: {accum} micro-batches of {micro} a step (training.max_batch_tokens "
-                         f"{t.max_batch_tokens}) not measured under {profile}: its whole-batch figure used (faster)")
+        if micro < t.batch_size:
+            run = measured_run(file, variant=variant, condition=c, micro_batch=micro, grad_accum=accum) if file else None
+            if run:
+                rates[c] = Figure(round(run["steady_tokens_per_s"]), "tokens/s", _R + file,
+                                  f"{accum} micro-batches of {micro} a step, as training.max_batch_tokens cuts the batch")
+            else:
+                notes.append(f"train {c}: {accum} micro-batches of {micro} a step (training.max_batch_tokens "
+                             f"{t.max_batch_tokens}) not measured under {profile}: its whole-batch figure used (faster)")
+        if shares and c[1] == "1":
+            rates[c] = _with_shared_prefixes(rates[c], c, micro, notes)
     return rates
+
+
+def _with_shared_prefixes(rate: Figure, condition: str, micro: int, notes: list[str]) -> Figure:
+    """An A1 condition's figure times its measured speed-up from shared prefixes (the long system prompt computed
+    once per micro-batch and persona); unchanged, noted, where that split was not measured."""
+    runs = _result_runs(PREFIX_RESULT) or {}
+    suffix = PREFIX_RUNS.get((condition, micro))
+    plain, shared = runs.get(f"{condition}:plain{suffix}-again"), runs.get(f"{condition}:gather{suffix}-again")
+    if suffix is None or not plain or not shared:
+        notes.append(f"train {condition}: shared prefixes not measured with micro-batches of {micro}: counted as none")
+        return rate
+    speedup = plain["s_per_step"] / shared["s_per_step"]
+    return Figure(round(rate.value * speedup), rate.unit, f"{rate.source}, {_R}{PREFIX_RESULT}",
+                  f"x{speedup:.2f} with shared prefixes at qwen7b.yaml's persona mix")
 
 
 def generate_rows(config: ScreenConfig, a: int) -> int:

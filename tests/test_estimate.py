@@ -202,7 +202,7 @@ def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_f
     assert "train A0B0 (together)" not in alone.figures
     assert together.hours["train"] < estimate(_qwen(gradient_checkpointing=True)).hours["train"]
     # the other conditions fill a pass with one cell: their figures stay the alone ones
-    assert together.figures["train A1B0 (padfree+fused+compile)"]["source"].endswith("compile.json")
+    assert together.figures["train A0B1 (padfree+fused+compile)"]["source"].endswith("compile.json")
 
 
 def _marker_three(config):
@@ -327,7 +327,7 @@ def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches(
     from eps_screen.estimate import measured_run
 
     name = "train A1B1 (padfree+fused+compile)"
-    split, whole = estimate(_qwen()), estimate(_qwen(max_batch_tokens=None))
+    split, whole = estimate(_qwen(share_prefix=False)), estimate(_qwen(share_prefix=False, max_batch_tokens=None))
     # qwen7b.yaml cuts A1B1's 8 x 2,093 tokens at 11,000: 2 micro-batches of 4, measured so
     run = measured_run("gpu_train_h200_compile3.json", condition="A1B1", micro_batch=4, grad_accum=2)
     assert run["options"]["max_batch_tokens"] == 11000
@@ -339,9 +339,9 @@ def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches(
     assert whole.figures[name]["value"] == 16060 and whole.figures[name]["source"].endswith("compile2.json")
     assert whole.hours["train"] < split.hours["train"]
     # without compile, the same split measured under that profile
-    assert estimate(_qwen(compile=False)).figures["train A1B1 (padfree+liger+fused)"]["value"] == 15360
+    assert estimate(_qwen(compile=False, share_prefix=False)).figures["train A1B1 (padfree+liger+fused)"]["value"] == 15360
     # a split never measured: the whole-batch figure, said so
-    small = estimate(_qwen(max_batch_tokens=5000))
+    small = estimate(_qwen(max_batch_tokens=5000, share_prefix=False))
     assert small.figures[name] == whole.figures[name]
     assert any(n.startswith("train A1B1: 4 micro-batches of 2 a step") and "not measured" in n for n in small.notes)
     assert not any("micro-batches" in n for n in split.notes + whole.notes)
@@ -381,7 +381,7 @@ def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
     shipped = estimate(config)
     assert shipped.gpus_at_once == 4 and shipped.wall_hours == pytest.approx(by_gpus[4].wall_hours)
     assert shipped.as_dict()["wall_hours"] == shipped.wall_hours
-    assert any(line.startswith("wall clock: 2.9 h with 4 GPUs at once") for line in shipped.lines())
+    assert any(line.startswith(f"wall clock: {shipped.wall_hours:.1f} h with 4 GPUs at once") for line in shipped.lines())
     assert estimate(load_config(CONFIGS / "tiny.yaml")).wall_hours is None  # in-process on the CPU
 
 
@@ -422,9 +422,29 @@ def test_validate_prints_the_wall_clock_and_what_other_gpu_counts_give(capsys):
     assert validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml"))) == 0
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     at = next(i for i, line in enumerate(lines) if line.startswith("estimate: "))
-    assert lines[at + 1].startswith("wall clock: 2.9 h with 4 GPUs at once")
+    assert lines[at + 1].startswith(f"wall clock: {estimate(_qwen()).wall_hours:.1f} h with 4 GPUs at once")
     counts = lines[at + 2]
     assert counts.startswith("GPUs at once: 1 -> ") and all(f", {n} -> " in counts for n in (2, 4, 8))
     assert " h GPU / " in counts and "fewest jobs" in counts
     assert validate.run(SimpleNamespace(config=str(CONFIGS / "tiny.yaml"))) == 0  # on the CPU: neither line
     assert not any(s in capsys.readouterr().out for s in ("wall clock:", "GPUs at once:"))
+
+
+def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio():
+    import json
+
+    from eps_screen.estimate import PREFIX_RESULT
+
+    shared, plain = estimate(_qwen()), estimate(_qwen(share_prefix=False))
+    runs = json.loads((ROOT / "benchmarks/results" / PREFIX_RESULT).read_text())["runs"]
+    for condition in ("A1B0", "A1B1"):  # measured at qwen7b.yaml's split (A1B1 in 2 micro-batches of 4)
+        name = f"train {condition} (padfree+fused+compile)"
+        ratio = runs[f"{condition}:plain-again"]["s_per_step"] / runs[f"{condition}:gather-again"]["s_per_step"]
+        assert shared.figures[name]["value"] == round(plain.figures[name]["value"] * ratio)
+        assert shared.figures[name]["source"].endswith(PREFIX_RESULT) and 1.05 < ratio < 1.3
+    for name in ("train A0B1 (padfree+fused+compile)", "train A0B0 (together)"):  # short system prompts: no sharing
+        assert shared.figures[name] == plain.figures[name]
+    assert shared.hours["train"] < plain.hours["train"]
+    # A1B1 in micro-batches of 2 was never measured with shared prefixes: counted as none, said so
+    small = estimate(_qwen(max_batch_tokens=5000))
+    assert any(n.startswith("train A1B1: shared prefixes not measured with micro-batches of 2") for n in small.notes)

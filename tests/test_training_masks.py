@@ -128,7 +128,11 @@ def test_speed_options_from_the_config():
         return config.model_copy(update={"training": config.training.model_copy(update=fields)})
 
     cpu = speed_options(config, on_gpu=False)
-    assert not cpu["bf16"] and not cpu["liger"] and not cpu["varlen_attention"] and not cpu["compile"]
+    assert not cpu["bf16"] and not cpu["liger"] and not cpu["compile"]
+    assert cpu["share_prefix"] and cpu["varlen_attention"], "shared prefixes need the varlen attention (its reference)"
+    unshared = speed_options(with_(share_prefix=False), on_gpu=False)
+    assert not unshared["share_prefix"] and not unshared["varlen_attention"], "the CPU's packed sdpa otherwise"
+    assert not speed_options(with_(packing=False), on_gpu=True)["share_prefix"], "only packed batches share"
     gpu = speed_options(with_(liger=True), on_gpu=True)
     assert gpu["bf16"] and gpu["varlen_attention"] and gpu["liger"] and gpu["fused_lora"] and not gpu["compile"]
     compiled = speed_options(with_(liger=True, compile=True), on_gpu=True)
