@@ -524,6 +524,12 @@ class ExecutionConfig(_Strict):
                     " fewer when that keeps all max_parallel_cells GPUs busy. A crashed job is resubmitted whole;"
                     " its finished cells return from the store.",
     )
+    min_cells_per_job: int = Field(
+        1, ge=1, le=64,
+        description="GPU pools: a job holds at least this many cells where its dispatch has them, though fewer jobs"
+                    " than max_parallel_cells then run at once: the small phases (smoke, multi-seed) pay fewer pod"
+                    " start-ups for some wall time. `eps-screen validate` prints both.",
+    )
     cells_per_stage: int = Field(
         8, ge=1, le=64,
         description="GPU jobs with job_eval per_job: cells trained before their adapters are evaluated and stored;"

@@ -477,9 +477,10 @@ def regimes(config: ScreenConfig, cells: list[Cell]) -> list[Regime]:
     return sorted({regime_of(config, c) for c in cells})
 
 
-def job_size(n: int, per_job: int, parallel: int) -> int:
-    """Cells per GPU job for n cells: at most `per_job`, but small enough that `parallel` GPUs all get work."""
-    return max(1, min(per_job, math.ceil(n / parallel)))
+def job_size(n: int, per_job: int, parallel: int, least: int = 1) -> int:
+    """Cells per GPU job for n cells: at most `per_job`, but small enough that `parallel` GPUs all get work, unless
+    that would leave a job fewer than `least` cells (each job pays a pod's start-up)."""
+    return max(1, min(per_job, max(least, math.ceil(n / parallel))))
 
 
 def group_jobs(config: ScreenConfig, cell_ids: list[str], per_job: int, parallel: int) -> list[tuple[str, ...]]:
@@ -497,5 +498,5 @@ def group_jobs(config: ScreenConfig, cell_ids: list[str], per_job: int, parallel
         return not r.off_policy, r.levels, r.source, r.seed, cell_id
 
     ordered = sorted(cell_ids, key=order)
-    size = job_size(len(ordered), per_job, parallel)
+    size = job_size(len(ordered), per_job, parallel, config.execution.min_cells_per_job)
     return [tuple(ordered[i:i + size]) for i in range(0, len(ordered), size)]

@@ -296,12 +296,13 @@ def gpu_jobs(config: ScreenConfig, n_multi: int | None = None, cells_per_job: in
     pre-screen's, then each dispatch's (phase_sizes.dispatch_groups, `n_multi` multi-seed cells)."""
     ex = config.execution
     per_job = cells_per_job or ex.cells_per_job
-    return 1 + sum(_jobs(n, per_job, ex.max_parallel_cells) for n in dispatch_groups(config, n_multi))
+    return 1 + sum(_jobs(config, n, per_job) for n in dispatch_groups(config, n_multi))
 
 
-def _jobs(cells: int, per_job: int, parallel: int) -> int:
+def _jobs(config: ScreenConfig, cells: int, per_job: int) -> int:
     """GPU jobs one dispatch of `cells` cells forms (design.group_jobs' count)."""
-    return math.ceil(cells / design.job_size(cells, per_job, parallel)) if cells else 0
+    ex = config.execution
+    return math.ceil(cells / design.job_size(cells, per_job, ex.max_parallel_cells, ex.min_cells_per_job)) if cells else 0
 
 
 def off_policy_engine_starts(config: ScreenConfig, n_multi: int | None = None) -> int:
@@ -317,7 +318,7 @@ def off_policy_engine_starts(config: ScreenConfig, n_multi: int | None = None) -
             starts += any(r.off_policy and r not in made for r in regimes)
         made |= {design.regime_of(config, c) for c in cells}
     multi = multiseed_count(config) if n_multi is None else n_multi
-    return starts + _jobs(multi, ex.cells_per_job, ex.max_parallel_cells)
+    return starts + _jobs(config, multi, ex.cells_per_job)
 
 
 def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None) -> int:

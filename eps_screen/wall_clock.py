@@ -44,7 +44,7 @@ def schedule(config: ScreenConfig, costs: JobCosts, pre_screen_s: float, n_multi
         spans.append(_dispatch(spans[-1], [_cell_job(config, costs, [by_id[c] for c in job], stored) for job in jobs],
                                ex.max_parallel_cells))
     if n_multi:
-        size = design.job_size(n_multi, ex.cells_per_job, ex.max_parallel_cells)
+        size = design.job_size(n_multi, ex.cells_per_job, ex.max_parallel_cells, ex.min_cells_per_job)
         lengths = [costs.startup_s + costs.off_start_s + min(size, n_multi - i) * costs.multiseed_cell_s
                    for i in range(0, n_multi, size)]
         spans.append(_dispatch(spans[-1], [lambda start, s=s: start + s for s in lengths], ex.max_parallel_cells))

@@ -73,7 +73,8 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
     from eps_screen.estimate import gpu_jobs, off_policy_engine_starts
 
     config = load_config(CONFIGS / "qwen7b.yaml")
-    config = config.model_copy(update={"execution": config.execution.model_copy(update={"cells_per_job": 4, "max_parallel_cells": 8})})
+    config = config.model_copy(update={"execution": config.execution.model_copy(
+        update={"cells_per_job": 4, "max_parallel_cells": 8, "min_cells_per_job": 1})})
     # the same grouping as dispatch: pre-screen 1, smoke 8 cells -> 8 jobs (8 GPUs), the three slabs' 88 cells
     # left (one dispatch) -> 22 jobs of 4, 18 multi-seed cells -> 6 jobs
     def jobs(n: int) -> int:
@@ -95,7 +96,8 @@ def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engin
     from eps_screen.estimate import off_policy_engine_starts
     from eps_screen.phase_sizes import known_dispatches
 
-    config = load_config(CONFIGS / "qwen7b.yaml")  # 4 GPUs, 22 cells a job
+    shipped = load_config(CONFIGS / "qwen7b.yaml")  # 4 GPUs, 22 cells a job (every GPU busy in every phase)
+    config = _execution(shipped, min_cells_per_job=1)
     ex = config.execution
     smoke, slab = known_dispatches(config)
     mixed = 0
@@ -113,6 +115,8 @@ def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engin
     # smoke: 4 D1 cells in 2 of its 4 jobs; slab: its 44 off-policy cells in 2 of 4 (the smoke's regimes are made);
     # the 4 multi-seed jobs all counted
     assert off_policy_engine_starts(config) == 2 + 2 + 4
+    # as shipped, jobs of at least 9 cells: the smoke in 1 job, the multi-seed cells in 2
+    assert off_policy_engine_starts(shipped) == 1 + 2 + 2
     est = estimate(config)
     assert est.figures["off-policy engine start"]["value"] == 149
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
@@ -391,7 +395,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
 
     config = _qwen()
     est = estimate(config)
-    assert [len(jobs) for jobs in est.job_hours] == [1, 4, 4, 4]  # the pre-screen, smoke, slab, multi-seed jobs
+    assert [len(jobs) for jobs in est.job_hours] == [1, 1, 4, 2]  # the pre-screen, smoke, slab, multi-seed jobs
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
     # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
     n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
@@ -448,3 +452,23 @@ def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio():
     # A1B1 in micro-batches of 2 was never measured with shared prefixes: counted as none, said so
     small = estimate(_qwen(max_batch_tokens=5000))
     assert any(n.startswith("train A1B1: shared prefixes not measured with micro-batches of 2") for n in small.notes)
+
+
+def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
+    from eps_screen.design import group_jobs
+    from eps_screen.estimate import gpu_jobs
+    from eps_screen.phase_sizes import known_dispatches
+
+    shipped = load_config(CONFIGS / "qwen7b.yaml")
+    assert shipped.execution.min_cells_per_job == 9
+    every_gpu = _execution(shipped, min_cells_per_job=1)
+    smoke, slab = known_dispatches(shipped)
+    for config, sizes in ((shipped, ([8], [22] * 4)), (every_gpu, ([2] * 4, [22] * 4))):
+        ex = config.execution
+        got = [[len(j) for j in group_jobs(config, [c.id for c in cells], ex.cells_per_job, ex.max_parallel_cells)]
+               for cells in (smoke, slab)]
+        assert tuple(got) == sizes
+    assert gpu_jobs(shipped) == 1 + 1 + 4 + 2 and gpu_jobs(every_gpu) == 1 + 4 + 4 + 4
+    fewer, more = estimate(shipped), estimate(every_gpu)
+    assert fewer.gpu_hours < more.gpu_hours and fewer.wall_hours > more.wall_hours
+    assert fewer.hours["train"] == more.hours["train"], "the same cells, trained the same way"
