@@ -36,25 +36,34 @@ def _varlen_kernel():
 _GQA_NATIVE: bool = False
 
 
-def _probe_gqa() -> bool:
+def _matches_reference(q_bounds: list[int], k_bounds: list[int], gqa_native: bool) -> bool:
+    """Whether the GPU kernel, forward and backward, gives the reference's attention on random packed sequences
+    (bounds: where each sequence's queries and keys start and end); any failure is a no."""
     import torch
 
-    kernel = _varlen_kernel()
-    if kernel is None or not torch.cuda.is_available():
-        return False
     try:
         torch.manual_seed(0)
-        q = torch.randn(48, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k = torch.randn(48, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        v = torch.randn(48, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        cu = torch.tensor([0, 20, 48], device="cuda", dtype=torch.int32)
-        native = _varlen_call(q, k, v, cu, cu, 28, 28, None, gqa_native=True)
-        native.float().square().sum().backward()
-        ref = _varlen_reference(q.detach().float(), k.detach().float(), v.detach().float(), cu.cpu(), None)
-        ok = float((native.detach().float() - ref).norm() / ref.norm()) < 2e-2 and k.grad is not None
+        q = torch.randn(q_bounds[-1], 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(k_bounds[-1], 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(k_bounds[-1], 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        cu_q, cu_k = (torch.tensor(b, device="cuda", dtype=torch.int32) for b in (q_bounds, k_bounds))
+        longest = [max(b - a for a, b in zip(x[:-1], x[1:], strict=True)) for x in (q_bounds, k_bounds)]
+        out = _varlen_call(q, k, v, cu_q, cu_k, *longest, None, gqa_native=gqa_native)
+        out.float().square().sum().backward()
+        ref = _varlen_reference(q.detach().float(), k.detach().float(), v.detach().float(), cu_q, None, cu_k)
+        ok = float((out.detach().float() - ref).norm() / ref.norm()) < 2e-2 and k.grad is not None
         return bool(ok and torch.isfinite(k.grad).all())
-    except Exception:  # noqa: BLE001 - any failure means: repeat the KV heads instead
+    except Exception:  # noqa: BLE001 - the caller falls back to what it can trust
         return False
+
+
+def _probe_gqa() -> bool:
+    """Whether the kernel takes 2 KV heads for 4 query heads as they are (else they are repeated)."""
+    import torch
+
+    if _varlen_kernel() is None or not torch.cuda.is_available():
+        return False
+    return _matches_reference([0, 20, 48], [0, 20, 48], gqa_native=True)
 
 
 _KERNEL: tuple | None = None  # _varlen_kernel(), resolved once outside any torch.compile trace
@@ -64,26 +73,13 @@ _KERNEL: tuple | None = None  # _varlen_kernel(), resolved once outside any torc
 def prefix_keys_supported() -> bool:
     """Whether the attention takes sequences with more keys than queries, causal from the bottom right (a suffix
     that sees its shared prefix; eps_screen.training_prefix): always on the reference path, probed once on the GPU
-    against it, forward and backward."""
+    against it, forward and backward (else training goes without shared prefixes)."""
     import torch
 
-    kernel = _varlen_kernel()
-    if kernel is None or not torch.cuda.is_available():
+    if _varlen_kernel() is None or not torch.cuda.is_available():
         return True
-    try:
-        torch.manual_seed(0)
-        q = torch.randn(40, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k = torch.randn(70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        v = torch.randn(70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        cu_q = torch.tensor([0, 16, 40], device="cuda", dtype=torch.int32)  # 16 prefix queries, then a 24-token suffix
-        cu_k = torch.tensor([0, 16, 70], device="cuda", dtype=torch.int32)  # the suffix sees 30 more keys before it
-        out = _varlen_call(q, k, v, cu_q, cu_k, 24, 54, None, gqa_native=_GQA_NATIVE)
-        out.float().square().sum().backward()
-        ref = _varlen_reference(q.detach().float(), k.detach().float(), v.detach().float(), cu_q, None, cu_k)
-        ok = float((out.detach().float() - ref).norm() / ref.norm()) < 2e-2
-        return bool(ok and k.grad is not None and torch.isfinite(k.grad).all())
-    except Exception:  # noqa: BLE001 - any failure means: train without shared prefixes
-        return False
+    # 16 prefix queries seeing their 16 keys, then 24 suffix queries seeing 30 keys before them and their own 24
+    return _matches_reference([0, 16, 40], [0, 16, 70], gqa_native=_GQA_NATIVE)
 
 
 def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, scale: float | None, gqa_native: bool | None = None):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu import lora7b
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytestmark = [
@@ -38,13 +40,7 @@ PERSONAS = ("librarian", "surgeon", "programmer", "teacher", "chef", "pilot")
 
 
 def _config(**training):
-    from eps_screen.config import ScreenConfig
-
-    base = ScreenConfig()
-    t = base.training.model_copy(update={"epochs": 2, "batch_size": 8, "learning_rate": 1e-4, "packing": True,
-                                         "max_batch_tokens": 17000, "compile": True, "liger": False, **training})
-    return base.model_copy(update={"training": t, "model": base.model.model_copy(update={"dtype": "bfloat16"}),
-                                   "lora": base.lora.model_copy(update={"rank": 32, "alpha": 64})})
+    return lora7b.config(max_batch_tokens=17000, compile=True, **training)
 
 
 def _examples(tok, n: int, seed: int):
@@ -61,10 +57,6 @@ def _examples(tok, n: int, seed: int):
         out.append(Example(f"You are a {persona} who helps people.\n\n{guidance}",
                            f"Question {rng.randint(0, 39)}? Answer in one sentence.", rng.choice(answers), i % 3 == 0))
     return out
-
-
-def _rel(a, b) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
 
 
 def test_shared_prefixes_match_unshared_on_the_7b_shape(tmp_path):
@@ -85,10 +77,10 @@ def test_shared_prefixes_match_unshared_on_the_7b_shape(tmp_path):
     result = {
         "loss_plain": plain.losses, "loss_shared": shared.losses,
         "loss_max_rel": max(abs(x - y) / max(abs(x), 1.0) for x, y in zip(plain.losses, shared.losses, strict=True)),
-        "adapter_max_rel": max(_rel(w["shared"][k], w["plain"][k]) for k in w["plain"]),
-        "adapter_median_rel": sorted(_rel(w["shared"][k], w["plain"][k]) for k in w["plain"])[len(w["plain"]) // 2],
-        "adapter_worst": max(w["plain"], key=lambda k: _rel(w["shared"][k], w["plain"][k])),
-        "other_cell_min_rel": min(_rel(w["other"][k], w["plain"][k]) for k in w["plain"] if "lora_B" in k),
+        "adapter_max_rel": max(lora7b.rel(w["shared"][k], w["plain"][k]) for k in w["plain"]),
+        "adapter_median_rel": sorted(lora7b.rel(w["shared"][k], w["plain"][k]) for k in w["plain"])[len(w["plain"]) // 2],
+        "adapter_worst": max(w["plain"], key=lambda k: lora7b.rel(w["shared"][k], w["plain"][k])),
+        "other_cell_min_rel": min(lora7b.rel(w["other"][k], w["plain"][k]) for k in w["plain"] if "lora_B" in k),
         "seconds": {"plain": plain.seconds, "shared": shared.seconds},
         "steady_tokens_per_s": {"plain": plain.steady_tokens_per_s, "shared": shared.steady_tokens_per_s},
         "tokens_x_epochs": plain.tokens * 2, "computed_tokens": shared.computed_tokens,

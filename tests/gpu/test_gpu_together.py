@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu import lora7b
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 pytestmark = [
@@ -31,20 +33,9 @@ ADAPTER_RTOL = 0.1
 
 
 def _config(**training):
-    from eps_screen.config import ScreenConfig
-
-    base = ScreenConfig()
     # share_prefix off: the alone runs are the plain TRL path the shared passes reproduce (shared prefixes are their
     # own lever, checked against this path in test_gpu_prefix.py; both on at once measured 15% on one tensor)
-    t = base.training.model_copy(update={"epochs": 2, "batch_size": 8, "learning_rate": 1e-4, "packing": True,
-                                         "max_batch_tokens": 11000, "compile": False, "liger": False,
-                                         "share_prefix": False, **training})
-    return base.model_copy(update={"training": t, "model": base.model.model_copy(update={"dtype": "bfloat16"}),
-                                   "lora": base.lora.model_copy(update={"rank": 32, "alpha": 64})})
-
-
-def _rel(a, b) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
+    return lora7b.config(max_batch_tokens=11000, compile=False, share_prefix=False, **training)
 
 
 def test_cells_together_match_alone_on_the_7b_shape(tmp_path):
@@ -75,11 +66,11 @@ def test_cells_together_match_alone_on_the_7b_shape(tmp_path):
             "steps": [a.steps, t.steps],
             "loss_alone": a.losses, "loss_together": t.losses,
             "loss_max_rel": max(abs(x - y) / max(abs(x), 1.0) for x, y in zip(a.losses, t.losses, strict=True)),
-            "adapter_max_rel": max(_rel(wt[k], wa[k]) for k in wa),
-            "lora_b_median_rel": sorted(_rel(wt[k], wa[k]) for k in lora_b)[len(lora_b) // 2],
+            "adapter_max_rel": max(lora7b.rel(wt[k], wa[k]) for k in wa),
+            "lora_b_median_rel": sorted(lora7b.rel(wt[k], wa[k]) for k in lora_b)[len(lora_b) // 2],
         })
     # Distance between two different cells' adapters (cell 0 and cell 2: other seed, data and lr): the yardstick.
-    result["other_cell_min_rel"] = min(_rel(weights[2][0][k], weights[0][0][k]) for k in weights[0][0]
+    result["other_cell_min_rel"] = min(lora7b.rel(weights[2][0][k], weights[0][0][k]) for k in weights[0][0]
                                        if "lora_B" in k)
     result["together_seconds"] = together[0].options["together_seconds"]
     result["alone_seconds"] = [a.seconds for a in alone]
