@@ -90,6 +90,10 @@ def test_the_attention_gives_each_token_what_it_gets_unshared(base):
     assert KV_INDEX in shared
     model = base.model
     restore = use_varlen_attention(model)
+    # the process's tiny base may come frozen from an earlier cell's training: gradients for this check only
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
     try:
         grads = []
         for b in (batch, shared):
@@ -105,7 +109,9 @@ def test_the_attention_gives_each_token_what_it_gets_unshared(base):
     finally:
         if restore:
             model.set_attn_implementation(restore)
-        model.zero_grad()
+        model.zero_grad(set_to_none=True)
+        for p in frozen:
+            p.requires_grad_(False)
     (lp_a, g_a), (lp_b, g_b) = grads
     assert sorted(lp_a.tolist()) == pytest.approx(sorted(lp_b.tolist()), rel=1e-5, abs=1e-5)
     assert g_a.keys() == g_b.keys()
