@@ -9,7 +9,8 @@ the space with the marker's first character, is masked by what the tokens cover,
 
 Speed (GPU), measured in BENCHMARKS.md (section GPU): bf16 autocast; TRL's fused LM head scores only labelled
 positions (no full logits); padding-free batches (training.packing) through a varlen flash-attention kernel
-(eps_screen.training_attention); the LoRA update added in the base GEMM's epilogue (fused_lora, on by default); Liger's fused
+(eps_screen.training_attention), a micro-batch's common prefixes computed once (share_prefix,
+eps_screen.training_prefix); the LoRA update added in the base GEMM's epilogue (fused_lora, on by default); Liger's fused
 RMSNorm/SwiGLU/RoPE kernels where liger-kernel is installed, or torch.compile of each decoder block (compile);
 gradient checkpointing as an option; the recipe's batch cut into micro-batches that fit a token budget
 (max_batch_tokens: same examples per optimizer step, so the same science). Fields not yet in TrainingConfig are
@@ -259,7 +260,7 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
     sdpa = config.model.attn_implementation == "sdpa"
     # Shared prefixes need the varlen attention (sdpa's packed mask would let a suffix see its neighbours); off
     # the GPU that attention is its per-sequence reference.
-    share_prefix = bool(t.packing) and sdpa and bool(getattr(t, "share_prefix", True))
+    share_prefix = bool(t.packing) and sdpa and t.share_prefix
     return {
         "bf16": on_gpu and config.model.dtype == "bfloat16",
         "padding_free": bool(t.packing),
