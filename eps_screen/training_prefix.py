@@ -29,7 +29,7 @@ KV_INDEX = "eps_kv_index"  # the batch key the attention reads: per segment, the
 @dataclass
 class _Group:
     members: list[int]
-    shared: int  # prefix length common to every member
+    shared: int  # prefix length every member may share (alone: the most its one member may)
     first: list[int] = field(repr=False)  # the first member's tokens (the prefix is read from them)
 
 
@@ -50,20 +50,19 @@ def _limit(labels: list[int]) -> int:
 
 def group_prefixes(seqs: list[list[int]], labels: list[list[int]], min_shared: int = MIN_SHARED) -> list[_Group]:
     """Groups of sequences with a common prefix of at least `min_shared` tokens (sorted order puts them side by
-    side); a sequence with none is a group of one (shared 0)."""
+    side); a sequence with none is a group of one."""
     order = sorted(range(len(seqs)), key=lambda i: seqs[i])
     groups: list[_Group] = []
     for i in order:
         limit = _limit(labels[i])
         if groups:
             g = groups[-1]
-            shared = min(g.shared if len(g.members) > 1 else _limit(labels[g.members[0]]),
-                         _common(g.first, seqs[i], limit))
+            shared = min(g.shared, _common(g.first, seqs[i], limit))
             if shared >= min_shared:
                 g.members.append(i)
                 g.shared = shared
                 continue
-        groups.append(_Group([i], 0, seqs[i]))
+        groups.append(_Group([i], limit, seqs[i]))
     return groups
 
 
