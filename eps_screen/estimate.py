@@ -424,8 +424,8 @@ def estimate(config: ScreenConfig) -> Estimate:
 
     regimes = design.regimes(config, slab)
     regime_tokens = {"on": dict.fromkeys(CONDITIONS, 0.0), "off": dict.fromkeys(CONDITIONS, 0.0)}
-    for r in regimes:
-        cond, tokens = _regime_tokens(config, r)
+    regime_work = {r: _regime_tokens(config, r) for r in regimes}
+    for r, (cond, tokens) in regime_work.items():
         regime_tokens["off" if r.off_policy else "on"][cond] += tokens
     # Phase 3 re-runs at new seeds need their own answer sets: up to one per multi-seed cell, as the slabs' mix.
     for by_condition in regime_tokens.values():
@@ -540,7 +540,9 @@ def estimate(config: ScreenConfig) -> Estimate:
 
     def regime_s(r: design.Regime) -> float:
         """An answer set's seconds: the base model's, or the off-policy model's (no GPU time from a file or an API)."""
-        cond, tokens = _regime_tokens(config, r)
+        if r not in regime_work:  # a regime no slab cell has, should a job hold one: counted once
+            regime_work[r] = _regime_tokens(config, r)
+        cond, tokens = regime_work[r]
         if not r.off_policy:
             return tokens * tail / answer_rate[cond].value
         return tokens * off_scale * tail / off_rates[cond].value if config.off_policy.kind == "model" else 0.0
