@@ -27,7 +27,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,15 +154,24 @@ class Browser:
         }})()""")
         assert chosen == value, f"no option {value!r} for {label!r}: {self.text()[:1000]}"
 
-    def type_into(self, label: str, text: str) -> None:
-        """Focus the form field `label`, select what it holds, and type `text` over it (as key presses would)."""
-        focused = self.js(f"""(() => {{
-            const box = {self._field(label)}?.querySelector('textarea, input');
-            if (box) {{ box.focus(); box.select(); }}
-            return !!box;
-        }})()""")
-        assert focused, f"no field {label!r}: {self.text()[:1000]}"
-        self.call("Input.insertText", text=text)
+    def type_into(self, label: str, text: str, tries: int = 3) -> None:
+        """Focus the form field `label`'s box (its JSON editor where "Use JSON input" made one), select what it holds,
+        and type `text` over it as key presses would, until the box holds `text`. The box is found again for each
+        try and for the check: one CI run typed a whole config into a box the form then replaced (the field still
+        read empty, "'config' is a required property", and Submit did nothing)."""
+        field = self._field(label)
+        box = f"(({field})?.querySelector('.p-code-input textarea') || ({field})?.querySelector('textarea, input'))"
+        for _ in range(tries):
+            focused = self.js(f"(() => {{ const b = {box}; if (b) {{ b.focus(); b.select(); }} return !!b; }})()")
+            assert focused, f"no field {label!r}: {self.text()[:1000]}"
+            self.call("Input.insertText", text=text)
+            try:
+                self.wait_until(f"{box}?.value === {json.dumps(text)}", limit_s=10)
+                return
+            except AssertionError:
+                continue
+        raise AssertionError(f"the field {label!r} does not hold what was typed after {tries} tries: "
+                             f"{self.js(f'{box}?.value')!r}")
 
     @staticmethod
     def _field(label: str) -> str:
@@ -266,25 +275,35 @@ def run_from_the_form(browser: Browser, ui: str, deployment: dict, store: Path, 
 
 
 ERROR_TOASTS = "document.querySelectorAll('.p-toast__icon--error').length"
+# The form's own check of a field against the schema, shown under the field; Submit then sends nothing.
+FORM_REFUSED = "document.body.innerText.includes('is a required property')"
 TAKEN = "document.querySelector('.p-toast__icon--success') || !location.pathname.endsWith('/run')"
 
 
-def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5) -> tuple[dict, int]:
+def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5,
+           refill: Callable[[], None] | None = None) -> tuple[dict, int]:
     """Click Submit as a person would: the UI either takes the run (a success toast, then the deployment's page) or
     shows an error toast and stays on the form. The default SQLite server answers 503 when its write lock is held
     (the UI does not retry; one CI run saw exactly that, `database is locked` on the flow run's INSERT), and a
-    person reads the toast and clicks again. Returns the one run created and the number of refused clicks."""
+    person reads the toast and clicks again. A form that finds a required field empty sends nothing: one CI run's
+    pasted config was gone from the field by the click. A person pastes it again (`refill`) and clicks again.
+    Returns the one run created and the number of refused clicks."""
     before = {r["id"] for r in runs_of(api, deployment_id)}  # the module's tests share the server
     for refused in range(tries):
         errors_before = browser.js(ERROR_TOASTS)
         browser.click_tab("Submit")
-        # The page's own answer, not a clock: the create request ends in one toast or the other.
-        browser.wait_until(f"({TAKEN}) || {ERROR_TOASTS} > {errors_before}", limit_s=300)
+        # The page's own answer, not a clock: the create request ends in one toast or the other, and the form's
+        # check of its fields shows under the field at once.
+        browser.wait_until(f"({TAKEN}) || {ERROR_TOASTS} > {errors_before} || {FORM_REFUSED}", limit_s=300)
         if browser.js(f"!!({TAKEN})"):
             [run] = wait_for_runs(api, deployment_id, before)  # the UI has the created run: the server holds it
             return run, refused
-        assert not new_runs(api, deployment_id, before), "an error toast, but the run was created"
+        assert not new_runs(api, deployment_id, before), "the form refused, but the run was created"
         browser.screenshot(OUT / "ui-submit-refused.png")
+        if browser.js(FORM_REFUSED):
+            assert refill, f"the form refused its own fields: {browser.text()[:1500]}"
+            refill()
+            browser.wait_until(f"!{FORM_REFUSED}")
     raise AssertionError(f"the UI refused the form {tries} times: {browser.text()[:1500]}")
 
 
@@ -552,9 +571,12 @@ def test_a_screen_of_declared_factors_through_use_json_input(stack: Stack):
     try:
         custom_run(browser, stack.ui, stack.deployments["screen"], "config")
         browser.use_json_input("config")
-        browser.type_into("config", json.dumps(config, indent=2))
+        def paste() -> None:
+            browser.type_into("config", json.dumps(config, indent=2))
+
+        paste()
         browser.screenshot(OUT / f"{name}-form.png")
-        submitted, _ = submit(browser, stack.api, stack.deployments["screen"]["id"])
+        submitted, _ = submit(browser, stack.api, stack.deployments["screen"]["id"], refill=paste)
         assert submitted["parameters"] == {"config": config}  # as pasted: no field turned into a JSON string
         own = finished_screen(stack, submitted["id"], name)
         summary, page = read_summary_and_page(browser, stack, own[f"summary-{name}"], name)
