@@ -36,6 +36,20 @@ def slow(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
     return {"cell_id": cell.id}
 
 
+_LOCKS: list = []  # kept for the process's life, as libraries keep theirs (tqdm's write lock)
+
+
+def with_semaphore(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
+    """Makes a named semaphore, as a library in a real cell does, and says its name in the cell's marker."""
+    import multiprocessing
+
+    lock = multiprocessing.get_context("spawn").Lock()
+    _LOCKS.append(lock)
+    marker = _folder() / f"{cell.id}.{os.getpid()}"
+    marker.write_text(json.dumps({"pid": os.getpid(), "semaphore": lock._semlock.name}))
+    return {"cell_id": cell.id}
+
+
 def failing(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
     raise ValueError(f"no such recipe: {cell.id}")
 

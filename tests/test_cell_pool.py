@@ -116,6 +116,28 @@ def test_a_dead_worker_costs_only_its_cell_and_a_fresh_one_takes_its_place(tmp_p
     assert not [p for p in held.values() if _alive(p)]
 
 
+def test_a_finished_screen_lets_its_workers_exit_and_leaves_no_semaphore(tmp_path, work_dir):
+    """At a normal end the workers are not killed: each leaves its loop and exits 0, so what its libraries made is
+    cleaned up (a terminated worker's semaphores stayed in /dev/shm until the screen's resource tracker warned of
+    them after the screen's last line)."""
+    config = _config(tmp_path)
+    cells = design.slab_cells(config, config.sources[0])[:2]
+    pool = CellPool(config, 2, pool_work.with_semaphore)
+    results = []
+    threads = [threading.Thread(target=lambda c=c: results.append(pool.run(c))) for c in cells]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert sorted(r["cell_id"] for r in results) == sorted(c.id for c in cells)
+    workers = [*pool._idle]
+    assert len(workers) == 2, "both cells at once: two workers"
+    assert pool.stop(None) == []
+    assert [w.process.exitcode for w in workers] == [0, 0]
+    names = [json.loads(m.read_text())["semaphore"] for m in work_dir.iterdir()]
+    assert len(names) == 2 and not [n for n in names if Path(f"/dev/shm/sem.{n.lstrip('/')}").exists()], names
+
+
 @flow(name="pool-crash")
 def crashing_screen(config: ScreenConfig, folder: str) -> None:
     store = ResultStore.for_config(config)

@@ -126,7 +126,7 @@ class CellPool:
             workers = [*self._idle, *self._busy]
             self._lock.notify_all()
         for worker in workers:
-            worker.end()
+            worker.end(graceful=why is None)
         with self._lock:
             self._lock.wait_for(lambda: not self._in_flight, timeout=10)
         self._starter.shutdown(wait=False)
@@ -213,7 +213,14 @@ class _Worker:
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         raise CellProcessDied(cell.id, f"its worker process {self.process.pid} died ({how})")
 
-    def end(self) -> None:
+    def end(self, graceful: bool = False) -> None:
+        """Stop the process: at once (SIGTERM, then SIGKILL after 5 s), or `graceful`ly, where it computes nothing:
+        its pipe closed, it returns from its loop and its interpreter exits as a process should. A terminated
+        worker's semaphores (what its libraries made) stay registered with the screen's resource tracker, which
+        then warns of leaked semaphores after the screen's last line."""
+        if graceful and self.process.is_alive():
+            self.conn.close()
+            self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5)
