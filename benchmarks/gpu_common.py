@@ -179,6 +179,23 @@ def write(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
+def record_failure(payload: dict, what: str, err: Exception) -> None:
+    """One run of a benchmark failed: say so, keep its traceback on the console and its message in the result file,
+    and free what it held on the GPU, so that the runs after it are still measured."""
+    import traceback
+
+    msg = f"{what}: {type(err).__name__}: {err}"
+    print("FAILED", msg, flush=True)
+    traceback.print_exc()
+    payload["errors"].append(msg[:2000])
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def add_engine_args(extra: dict) -> None:
     """The backend builds `vllm.LLM` from the config; a knob it does not expose is added here, for this process."""
     import vllm

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import build_model, environment, n_params, out_dir, write  # noqa: E402
+from gpu_common import build_model, environment, n_params, out_dir, record_failure, write  # noqa: E402
 
 PROMPT_TOKENS = {"A0": 45, "A1": 1045}  # system + user + template tokens of the two A levels
 VARIANTS = [
@@ -155,11 +154,8 @@ def main() -> None:
             elif how == "cb":
                 run["first_call_s"] = run_cb(model, ids, new)
                 run["seconds"] = run_cb(model, ids, new)
-        except Exception as err:  # noqa: BLE001
-            msg = f"{name} {prompt} b{batch}: {type(err).__name__}: {err}"
-            print("FAILED", msg, flush=True)
-            traceback.print_exc()
-            payload["errors"].append(msg[:2000])
+        except Exception as err:  # noqa: BLE001 - record and go on
+            record_failure(payload, f"{name} {prompt} b{batch}", err)
             continue
         run["tokens_per_s"] = batch * new / run["seconds"]
         run["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None

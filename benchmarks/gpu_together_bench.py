@@ -19,13 +19,12 @@ import argparse
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import build_model, environment, n_params, out_dir, write  # noqa: E402
+from gpu_common import build_model, environment, n_params, out_dir, record_failure, write  # noqa: E402
 from gpu_train_bench import make_examples  # noqa: E402
 
 FULL_STEPS = 225  # qwen7b.yaml: 600 examples / batch 8 x 3 epochs
@@ -102,12 +101,7 @@ def main() -> None:
                     train_s = reps[0].options["together_seconds"]
                 wall = time.perf_counter() - t
         except Exception as err:  # noqa: BLE001 - record and go on
-            msg = f"{spec}: {type(err).__name__}: {err}"
-            print("FAILED", msg, flush=True)
-            traceback.print_exc()
-            payload["errors"].append(msg[:2000])
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            record_failure(payload, spec, err)
             continue
         steps = reps[0].steps
         per_cell_step = train_s / (n * steps)

@@ -17,13 +17,12 @@ import random
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import H200_BF16_PEAK, build_model, environment, n_params, out_dir, write  # noqa: E402
+from gpu_common import H200_BF16_PEAK, build_model, environment, n_params, out_dir, record_failure, write  # noqa: E402
 
 # Target token counts of each condition: (system prompt, answer before the marker).
 CONDITIONS = {
@@ -164,12 +163,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 rep = train_lora(base, examples, config, mask != "E0", seed=0, out_dir=Path(tmp))
         except Exception as err:  # noqa: BLE001 - record and go on: one lever failing must not lose the others
-            msg = f"{variant} {cond}: {type(err).__name__}: {err}"
-            print("FAILED", msg, flush=True)
-            traceback.print_exc()
-            payload["errors"].append(msg[:2000])
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            record_failure(payload, f"{variant} {cond}", err)
             continue
         tps = rep.steady_tokens_per_s or rep.tokens_per_s
         run = {
