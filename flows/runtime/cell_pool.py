@@ -109,9 +109,10 @@ class CellPool:
             return [w.process.pid for w in (*self._idle, *self._busy) if w.process.pid]
 
     def stop(self, why: BaseException | None) -> list[str]:
-        """End every worker (SIGTERM, SIGKILL after 5 s): each cell in flight, or waiting for a worker, gets
-        CellProcessDied and its task run ends Crashed. Waits (10 s at most) for those runs to have it, then returns
-        their cells. Stopping twice does nothing more."""
+        """End every worker: at a normal end (`why` None) an idle one leaves its loop and exits; any other at once
+        (SIGTERM, SIGKILL after 5 s), and each cell in flight, or waiting for a worker, gets CellProcessDied and its
+        task run ends Crashed. Waits (10 s at most) for those runs to have it, then returns their cells. Stopping
+        twice does nothing more."""
         if why is None:
             what = "finished"
         elif isinstance(why, Exception):
@@ -123,16 +124,21 @@ class CellPool:
                 return []
             self._stopped = what
             cells = sorted(self._in_flight.values())
-            workers = [*self._idle, *self._busy]
+            leaving = [*self._idle] if why is None else []
+            killed = [w for w in (*self._idle, *self._busy) if w not in leaving]
             self._lock.notify_all()
-        for worker in workers:
-            worker.end(graceful=why is None)
+        for worker in leaving:  # all told at once, so that they exit side by side
+            worker.conn.close()
+        for worker in leaving:
+            worker.end(graceful=True)
+        for worker in killed:
+            worker.end()
         with self._lock:
             self._lock.wait_for(lambda: not self._in_flight, timeout=10)
         self._starter.shutdown(wait=False)
         if why is not None:
             logger.warning("screen %s: stopped %d cell process(es); cells in flight marked Crashed: %s",
-                           what, len(workers), ", ".join(cells) or "none")
+                           what, len(killed), ", ".join(cells) or "none")
         return cells
 
     def _take(self, cell: Cell) -> _Worker:
@@ -219,7 +225,7 @@ class _Worker:
         worker's semaphores (what its libraries made) stay registered with the screen's resource tracker, which
         then warns of leaked semaphores after the screen's last line."""
         if graceful and self.process.is_alive():
-            self.conn.close()
+            self.conn.close()  # a second close does nothing
             self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.terminate()
