@@ -22,10 +22,10 @@ def _folder() -> Path:
     return Path(os.environ["POOL_WORK"])
 
 
-def _mark(cell: Cell) -> None:
-    """<folder>/<cell id>.<pid>: this process holds the cell (and whether it imported Prefect)."""
+def _mark(cell: Cell, **more) -> None:
+    """<folder>/<cell id>.<pid>: this process holds the cell (and whether it imported Prefect, and `more`)."""
     marker = _folder() / f"{cell.id}.{os.getpid()}"
-    marker.write_text(json.dumps({"pid": os.getpid(), "prefect": "prefect" in sys.modules}))
+    marker.write_text(json.dumps({"pid": os.getpid(), "prefect": "prefect" in sys.modules, **more}))
 
 
 def slow(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict:
@@ -45,8 +45,7 @@ def with_semaphore(config: ScreenConfig, cell: Cell, store: ResultStore) -> dict
 
     lock = multiprocessing.get_context("spawn").Lock()
     _LOCKS.append(lock)
-    marker = _folder() / f"{cell.id}.{os.getpid()}"
-    marker.write_text(json.dumps({"pid": os.getpid(), "semaphore": lock._semlock.name}))
+    _mark(cell, semaphore=lock._semlock.name)
     return {"cell_id": cell.id}
 
 

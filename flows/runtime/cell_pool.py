@@ -124,13 +124,12 @@ class CellPool:
                 return []
             self._stopped = what
             cells = sorted(self._in_flight.values())
-            leaving = [*self._idle] if why is None else []
-            killed = [w for w in (*self._idle, *self._busy) if w not in leaving]
+            leaving, killed = ([*self._idle], [*self._busy]) if why is None else ([], [*self._idle, *self._busy])
             self._lock.notify_all()
-        for worker in leaving:  # all told at once, so that they exit side by side
+        for worker in leaving:  # all told at once (a closed pipe ends a worker's loop), so they exit side by side
             worker.conn.close()
         for worker in leaving:
-            worker.end(graceful=True)
+            worker.end(exit_s=30)
         for worker in killed:
             worker.end()
         with self._lock:
@@ -219,14 +218,13 @@ class _Worker:
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         raise CellProcessDied(cell.id, f"its worker process {self.process.pid} died ({how})")
 
-    def end(self, graceful: bool = False) -> None:
-        """Stop the process: at once (SIGTERM, then SIGKILL after 5 s), or `graceful`ly, where it computes nothing:
-        its pipe closed, it returns from its loop and its interpreter exits as a process should. A terminated
-        worker's semaphores (what its libraries made) stay registered with the screen's resource tracker, which
-        then warns of leaked semaphores after the screen's last line."""
-        if graceful and self.process.is_alive():
-            self.conn.close()  # a second close does nothing
-            self.process.join(timeout=30)
+    def end(self, exit_s: float = 0) -> None:
+        """Stop the process: after `exit_s` seconds to exit by itself (its pipe closed, it returns from its loop and
+        its interpreter exits as a process should), SIGTERM, then SIGKILL after 5 s. A terminated worker's
+        semaphores (what its libraries made) stay registered with the screen's resource tracker, which then warns
+        of leaked semaphores after the screen's last line."""
+        if exit_s:
+            self.process.join(timeout=exit_s)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5)
