@@ -154,16 +154,16 @@ class Browser:
         }})()""")
         assert chosen == value, f"no option {value!r} for {label!r}: {self.text()[:1000]}"
 
-    def type_into(self, label: str, text: str, tries: int = 3) -> None:
-        """Focus the form field `label`'s box (its JSON editor where "Use JSON input" made one), select what it holds,
-        and type `text` over it as key presses would, until the box holds `text`. The box is found again for each
-        try and for the check: one CI run typed a whole config into a box the form then replaced (the field still
-        read empty, "'config' is a required property", and Submit did nothing)."""
-        field = self._field(label)
-        box = f"(({field})?.querySelector('.p-code-input textarea') || ({field})?.querySelector('textarea, input'))"
+    def type_into(self, label: str, text: str, tries: int = 3, editor: bool = False) -> None:
+        """Focus the form field `label`'s box (its own JSON editor when `editor`, as "Use JSON input" made it),
+        select what it holds, and type `text` over it as key presses would, until the box holds `text`. The box is
+        found again for each try and for the check: one CI run typed a whole config into a box the form then
+        replaced."""
+        own = self._editor(label)
+        box = own if editor else f"({own} || ({self._field(label)})?.querySelector('textarea, input'))"
         for _ in range(tries):
             focused = self.js(f"(() => {{ const b = {box}; if (b) {{ b.focus(); b.select(); }} return !!b; }})()")
-            assert focused, f"no field {label!r}: {self.text()[:1000]}"
+            assert focused, f"no {'JSON editor in the ' if editor else ''}field {label!r}: {self.text()[:1000]}"
             self.call("Input.insertText", text=text)
             try:
                 self.wait_until(f"{box}?.value === {json.dumps(text)}", limit_s=10)
@@ -172,6 +172,25 @@ class Browser:
                 continue
         raise AssertionError(f"the field {label!r} does not hold what was typed after {tries} tries: "
                              f"{self.js(f'{box}?.value')!r}")
+
+    def paste_json(self, label: str, value) -> None:
+        """The field `label` as its own JSON editor ("Use JSON input", unless it is one already) holding `value`,
+        typed only where it does not hold it already. Two CI runs clicked Submit on a form the page had built
+        again, the field back to a form of boxes, so Submit looks at the field this way before every click."""
+        text = json.dumps(value, indent=2)
+        if self.js(f"{self._editor(label)}?.value === {json.dumps(text)}"):
+            return
+        if not self.js(f"!!{self._editor(label)}"):
+            self.use_json_input(label)
+        self.type_into(label, text, editor=True)
+        # A mark on the form: a form the page built again has none (said when Submit is refused).
+        self.js("document.querySelectorAll('form').forEach(f => f.dataset.epsFilled = '1')")
+
+    def _editor(self, label: str) -> str:
+        """A JS expression: the JSON editor of the field `label` itself, not one of a field inside it (a field
+        shown as a form of boxes can hold fields shown as JSON editors)."""
+        return (f"(() => {{ const f = {self._field(label)}; return f && [...f.querySelectorAll('.p-code-input "
+                f"textarea')].find(t => t.closest('.schema-form-property') === f); }})()")
 
     @staticmethod
     def _field(label: str) -> str:
@@ -189,7 +208,7 @@ class Browser:
         assert opened, f"no menu on the field {label!r}: {self.text()[:1000]}"
         self.wait_for("Use JSON input")
         self.click_text("Use JSON input")
-        self.wait_until(f"{self._field(label)}?.querySelector('.p-code-input textarea')")
+        self.wait_until(self._editor(label))
 
     def click_tab(self, label: str) -> None:
         clicked = self.js(f"""(() => {{
@@ -281,15 +300,19 @@ TAKEN = "document.querySelector('.p-toast__icon--success') || !location.pathname
 
 
 def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5,
-           refill: Callable[[], None] | None = None) -> tuple[dict, int]:
+           fill: Callable[[], None] | None = None) -> tuple[dict, int]:
     """Click Submit as a person would: the UI either takes the run (a success toast, then the deployment's page) or
     shows an error toast and stays on the form. The default SQLite server answers 503 when its write lock is held
     (the UI does not retry; one CI run saw exactly that, `database is locked` on the flow run's INSERT), and a
-    person reads the toast and clicks again. A form that finds a required field empty sends nothing: one CI run's
-    pasted config was gone from the field by the click. A person pastes it again (`refill`) and clicks again.
-    Returns the one run created and the number of refused clicks."""
+    person reads the toast and clicks again. `fill` looks at the form before each click and fills again what is
+    not as typed: two CI runs clicked on a form the page had built again (its pasted config gone, "'config' is a
+    required property"; a form that fails its own check sends nothing), and such a form can also hold the schema's
+    defaults, which it would send. Returns the one run created and the number of refused clicks."""
     before = {r["id"] for r in runs_of(api, deployment_id)}  # the module's tests share the server
     for refused in range(tries):
+        if fill:
+            fill()
+            browser.wait_until(f"!{FORM_REFUSED}")  # the form checks its fields again a second after a change
         errors_before = browser.js(ERROR_TOASTS)
         browser.click_tab("Submit")
         # The page's own answer, not a clock: the create request ends in one toast or the other, and the form's
@@ -301,9 +324,9 @@ def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5,
         assert not new_runs(api, deployment_id, before), "the form refused, but the run was created"
         browser.screenshot(OUT / "ui-submit-refused.png")
         if browser.js(FORM_REFUSED):
-            assert refill, f"the form refused its own fields: {browser.text()[:1500]}"
-            refill()
-            browser.wait_until(f"!{FORM_REFUSED}")
+            assert fill, f"the form refused its own fields: {browser.text()[:1500]}"
+            rebuilt = browser.js("![...document.querySelectorAll('form')].some(f => f.dataset.epsFilled)")
+            print(f"the form refused its own fields (built again by the page: {rebuilt}); filling it again")
     raise AssertionError(f"the UI refused the form {tries} times: {browser.text()[:1500]}")
 
 
@@ -570,13 +593,12 @@ def test_a_screen_of_declared_factors_through_use_json_input(stack: Stack):
     browser = Browser(stack.home / "chromium-json")
     try:
         custom_run(browser, stack.ui, stack.deployments["screen"], "config")
-        browser.use_json_input("config")
         def paste() -> None:
-            browser.type_into("config", json.dumps(config, indent=2))
+            browser.paste_json("config", config)
 
         paste()
         browser.screenshot(OUT / f"{name}-form.png")
-        submitted, _ = submit(browser, stack.api, stack.deployments["screen"]["id"], refill=paste)
+        submitted, _ = submit(browser, stack.api, stack.deployments["screen"]["id"], fill=paste)
         assert submitted["parameters"] == {"config": config}  # as pasted: no field turned into a JSON string
         own = finished_screen(stack, submitted["id"], name)
         summary, page = read_summary_and_page(browser, stack, own[f"summary-{name}"], name)
