@@ -175,8 +175,9 @@ class Browser:
 
     def paste_json(self, label: str, value) -> None:
         """The field `label` as its own JSON editor ("Use JSON input", unless it is one already) holding `value`,
-        typed only where it does not hold it already. Two CI runs clicked Submit on a form the page had built
-        again, the field back to a form of boxes, so Submit looks at the field this way before every click."""
+        typed only where it does not hold it already. Two CI runs clicked Submit with the field no longer as pasted
+        (the second found it a form of boxes again; what in the app did that is not known), so Submit looks at the
+        field this way before every click."""
         text = json.dumps(value, indent=2)
         if self.js(f"{self._editor(label)}?.value === {json.dumps(text)}"):
             return
@@ -305,9 +306,9 @@ def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5,
     shows an error toast and stays on the form. The default SQLite server answers 503 when its write lock is held
     (the UI does not retry; one CI run saw exactly that, `database is locked` on the flow run's INSERT), and a
     person reads the toast and clicks again. `fill` looks at the form before each click and fills again what is
-    not as typed: two CI runs clicked on a form the page had built again (its pasted config gone, "'config' is a
-    required property"; a form that fails its own check sends nothing), and such a form can also hold the schema's
-    defaults, which it would send. Returns the one run created and the number of refused clicks."""
+    not as typed: two CI runs clicked with the pasted config no longer in its field (the form refused, "... is a
+    required property"; a form that fails its own check sends nothing), and a form the app builds again holds the
+    schema's defaults, which it would send. Returns the one run created and the number of refused clicks."""
     before = {r["id"] for r in runs_of(api, deployment_id)}  # the module's tests share the server
     for refused in range(tries):
         if fill:
@@ -326,7 +327,7 @@ def submit(browser: Browser, api: str, deployment_id: str, tries: int = 5,
         if browser.js(FORM_REFUSED):
             assert fill, f"the form refused its own fields: {browser.text()[:1500]}"
             rebuilt = browser.js("![...document.querySelectorAll('form')].some(f => f.dataset.epsFilled)")
-            print(f"the form refused its own fields (built again by the page: {rebuilt}); filling it again")
+            print(f"the form refused its own fields (the paste's mark gone: {rebuilt}); filling it again")
     raise AssertionError(f"the UI refused the form {tries} times: {browser.text()[:1500]}")
 
 
