@@ -179,9 +179,10 @@ class Browser:
         (the second found it a form of boxes again; what in the app did that is not known), so Submit looks at the
         field this way before every click."""
         text = json.dumps(value, indent=2)
-        if self.js(f"{self._editor(label)}?.value === {json.dumps(text)}"):
+        held = self.js(f"{self._editor(label)}?.value ?? null")  # None: the field has no editor of its own
+        if held == text:
             return
-        if not self.js(f"!!{self._editor(label)}"):
+        if held is None:
             self.use_json_input(label)
         self.type_into(label, text, editor=True)
         # A mark on the form: a form the page built again has none (said when Submit is refused).
