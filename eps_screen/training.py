@@ -29,6 +29,7 @@ from pathlib import Path
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
 from eps_screen.training_prefix import IGNORE, PrefixSharingCollator
+from eps_screen.training_steps import StepLog, StepLossMixin, StepRecorder, no_sync_args
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class TrainReport:
     losses: list[float]
     # Throughput after the first steps (kernel autotuning, Triton JIT): what a long run converges to.
     steady_tokens_per_s: float | None = None
+    steady_step_s: float | None = None  # seconds per optimizer step at that pace
     peak_memory_gb: float | None = None  # the device's figure (see _DevicePeak)
     peak_allocated_gb: float | None = None
     micro_batch: int | None = None
@@ -132,48 +134,6 @@ class _DevicePeak:
         grown = torch.cuda.max_memory_reserved() - self.reserved_at_start
         allocated = torch.cuda.max_memory_allocated() - self.allocated_at_start
         return (self.used_at_start + grown) / 2**30, (self.used_at_start + allocated) / 2**30
-
-
-# Where each optimizer step's loss, learning rate and tokens/s go while a cell trains (eps_screen.tracking's
-# CellRun.step): (step, {"loss": ..., "learning_rate": ..., "tokens_per_s": ...}).
-StepLog = Callable[[int, dict[str, float]], None]
-
-
-class _StepClock:
-    """Wall time and cumulative real tokens (TRL's num_tokens) at every logged optimizer step, each step's figures
-    handed to `on_step` as the step ends."""
-
-    def __init__(self, on_step: StepLog | None = None):
-        from transformers import TrainerCallback
-
-        marks = self.marks = []
-        began = [time.perf_counter(), 0.0]
-
-        class Callback(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):
-                began[0] = time.perf_counter()
-
-            def on_log(self, args, state, control, logs=None, **kwargs):
-                if not logs or "loss" not in logs:
-                    return
-                now = time.perf_counter()
-                t0, n0 = marks[-1] if marks else began
-                if "num_tokens" in logs:
-                    marks.append((now, float(logs["num_tokens"])))
-                if on_step is not None:
-                    values = {"loss": float(logs["loss"]), "learning_rate": float(logs.get("learning_rate", 0.0))}
-                    if "num_tokens" in logs and now > t0:
-                        values["tokens_per_s"] = (float(logs["num_tokens"]) - n0) / (now - t0)
-                    on_step(state.global_step, values)
-
-        self.callback = Callback()
-
-    def steady(self, skip: int = 2) -> float | None:
-        """Tokens/s between the end of step `skip` and the last step (None with too few steps to tell)."""
-        if len(self.marks) < skip + 3:
-            return None
-        (t0, n0), (t1, n1) = self.marks[skip - 1], self.marks[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
 
 def split_batch(batch_size: int, grad_accum: int, longest: int, max_batch_tokens: int | None) -> tuple[int, int]:
@@ -280,20 +240,44 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
 
 def _full_logits_trainer():
     """SFTTrainer with the model's own loss: full logits and one cross-entropy, summed over the label tokens and
-    divided by the batch's label-token count as TRL's is (tests/test_training_loss.py compares the two per step).
-    TRL's token count is kept, so the steps still log num_tokens for tokens/s."""
+    divided by the batch's label-token count as TRL's is (tests/test_training_loss.py compares the two per step)."""
     from trl import SFTTrainer
 
-    class FullLogitsSFTTrainer(SFTTrainer):
+    class FullLogitsSFTTrainer(StepLossMixin, SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             outputs = model(**inputs, use_cache=False, num_items_in_batch=num_items_in_batch)
-            if model.training:
-                mask = inputs.get("attention_mask")
-                self._total_train_tokens += int(mask.sum()) if mask is not None else inputs["position_ids"].size(1)
-                self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
             return (outputs.loss, outputs) if return_outputs else outputs.loss
 
     return FullLogitsSFTTrainer
+
+
+def _fused_head_trainer():
+    """SFTTrainer with TRL's fused LM head and its loss, without the metrics TRL adds to each micro-batch: token
+    entropy and top-1 accuracy (the head computes both for every labelled token; each is read back with `.item()`,
+    as is the token count, so the CPU waits for the forward before it can start the backward). Nothing here reads
+    them. The loss is TRL's: the label tokens' summed negative log-probability over the step's label-token count
+    (tests/test_training_steps.py compares the two per step)."""
+    import torch
+    from trl import SFTTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    class FusedHeadSFTTrainer(StepLossMixin, SFTTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            base.__dict__.pop("forward", None)  # TRL's head with entropy and top-1; train_lora restores its own
+            add_fused_lm_head(base, outputs=("log_probs",))
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if (self.args.loss_type != "nll" or self.label_smoother is not None or self.compute_loss_func is not None
+                    or self.aux_loss_enabled or not model.training):
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            outputs = model(**inputs, use_cache=False, fused_lm_head=True)
+            count = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
+            loss = -outputs.log_probs.sum() / torch.as_tensor(count).clamp(min=1)
+            return (loss, outputs) if return_outputs else loss
+
+    return FusedHeadSFTTrainer
 
 
 def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer: bool, seed: int, out_dir: Path,
@@ -302,7 +286,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
 
     The base weights are left as they were (the adapter is unloaded, and what the trainer attached to the base
     model for this run is taken off again), so the next cell of the same process reuses them. `on_step` gets each
-    optimizer step's figures as the step ends.
+    optimizer step's figures, READBACK_STEPS steps at a time (eps_screen.training_steps: no GPU sync per step).
     """
     import gc
 
@@ -310,7 +294,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from transformers.trainer_callback import PrinterCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     from eps_screen.training_attention import prefix_keys_supported, use_varlen_attention
 
@@ -341,10 +325,10 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         bf16=opts["bf16"],
         report_to=[],
         save_strategy="no",
-        logging_steps=1,
         disable_tqdm=True,
         use_cpu=not on_gpu,
         dataloader_num_workers=0,
+        **no_sync_args(on_gpu),
     )
     target = [m.strip() for m in config.lora.target_modules.split(",")]
     lora = LoraConfig(
@@ -359,7 +343,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     own_forward = base_model.__dict__.get("forward")  # TRL patches the instance's forward (fused LM head)
     had_grad_hook = hasattr(base_model, "_require_grads_hook")
     restore_attn = use_varlen_attention(base_model) if opts["varlen_attention"] else None
-    clock = _StepClock(on_step)
+    steps_seen = StepRecorder(on_step)
     peak = _DevicePeak() if on_gpu else None
     torch.manual_seed(seed)
     model = get_peft_model(base_model, lora)
@@ -378,9 +362,11 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             for layer in layers:
                 layer.compile(dynamic=True)
-        trainer = (SFTTrainer if opts["chunked_lm_head"] else _full_logits_trainer())(
-            model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer, callbacks=[clock.callback]
+        trainer = (_fused_head_trainer() if opts["chunked_lm_head"] else _full_logits_trainer())(
+            model=model, args=args, train_dataset=dataset, processing_class=base.tokenizer,
+            callbacks=[steps_seen.callback]
         )
+        steps_seen.trainer = trainer
         trainer.remove_callback(PrinterCallback)  # losses go to train_report.json, not to stdout per step
         if opts["share_prefix"] and not prefix_keys_supported():
             opts["share_prefix"] = False
@@ -391,7 +377,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         trainer.train()
         seconds = time.perf_counter() - start
         model.save_pretrained(out_dir)
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        losses = steps_seen.losses
         steps = trainer.state.global_step
     finally:
         model.unload()  # strips the LoRA layers: base.model is the untouched base again
@@ -429,7 +415,8 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         tokens_per_s=tokens * epochs_run / seconds if seconds else 0.0,
         final_loss=losses[-1] if losses else None,
         losses=losses,
-        steady_tokens_per_s=clock.steady(),
+        steady_tokens_per_s=steps_seen.steady(),
+        steady_step_s=steps_seen.steady_step_s(),
         peak_memory_gb=device_gb,
         peak_allocated_gb=allocated_gb,
         micro_batch=micro,

@@ -90,3 +90,65 @@ def test_the_cpu_uses_full_logits_and_a_gpu_the_chunked_head():
     config = _config()
     assert training.speed_options(config, on_gpu=False)["chunked_lm_head"] is False
     assert training.speed_options(config, on_gpu=True)["chunked_lm_head"] is True
+
+
+def _logged(monkeypatch) -> list[dict]:
+    """What the Trainer logs from now on (TRL's SFTTrainer.log ends in Trainer.log)."""
+    import transformers
+
+    logs: list[dict] = []
+    own = transformers.Trainer.log
+
+    def log(self, entries, start_time=None):
+        logs.append(dict(entries))
+        return own(self, entries, start_time)
+
+    monkeypatch.setattr(transformers.Trainer, "log", log)
+    return logs
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_losses_read_back_in_groups_are_what_the_trainer_logs_each_step(base, tmp_path, monkeypatch, name):
+    """train_lora keeps each step's loss on the device and reads a group of steps back at once; with the Trainer's
+    own per-step log turned on, every step's loss and learning rate are the ones it logs, and on_step sees every
+    step in order."""
+    from eps_screen import training_steps
+
+    monkeypatch.setattr(training_steps, "TRAINER_ARGS", {"logging_strategy": "steps", "logging_steps": 1})
+    monkeypatch.setattr(training_steps, "READBACK_STEPS", 3)
+    logs = _logged(monkeypatch)
+    seen: list[tuple[int, dict]] = []
+    config, whole, seed = CASES[name]
+    report = training.train_lora(base, EXAMPLES, config, whole, seed, tmp_path / "run",
+                                 on_step=lambda step, values: seen.append((step, values)))
+    per_step = [entry for entry in logs if "loss" in entry]
+    assert report.steps == len(per_step) == len(report.losses) > training_steps.READBACK_STEPS
+    assert [step for step, _ in seen] == list(range(1, report.steps + 1))
+    for step, (entry, loss, (_, values)) in enumerate(zip(per_step, report.losses, seen, strict=True), 1):
+        assert loss == pytest.approx(entry["loss"], rel=1e-6), f"step {step}"
+        assert values["loss"] == loss
+        assert values["learning_rate"] == pytest.approx(entry["learning_rate"], rel=1e-9), f"step {step}"
+    assert len({round(v["learning_rate"], 12) for _, v in seen}) > 1  # the schedule moves: the check can fail
+    assert report.steady_step_s is None or report.steady_step_s > 0
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_gpu_trainer_without_trls_metrics_trains_as_trls_own(base, tmp_path, monkeypatch, name):
+    """On a GPU train_lora uses TRL's fused LM head without its per-micro-batch metrics (entropy, top-1 accuracy,
+    each read back at once); TRL's SFTTrainer as it comes gives the same loss at every step and the same adapter."""
+    from trl import SFTTrainer
+
+    from eps_screen import training_steps
+
+    case = CASES[name]
+    lean = _train(base, tmp_path, "lean", case, True, monkeypatch=monkeypatch)
+    logs = _logged(monkeypatch)
+    monkeypatch.setattr(training, "_fused_head_trainer",
+                        lambda: type("TRLs", (training_steps.StepLossMixin, SFTTrainer), {}))
+    monkeypatch.setattr(training_steps, "TRAINER_ARGS", {"logging_strategy": "steps", "logging_steps": 1})
+    stock = _train(base, tmp_path, "stock", case, True, monkeypatch=monkeypatch)
+    assert any("entropy" in entry for entry in logs)  # TRL's own metrics ran in the stock run
+    assert len(lean.losses) == len(stock.losses) == lean.steps > 1
+    for step, (a, b) in enumerate(zip(lean.losses, stock.losses, strict=True), 1):
+        assert a == pytest.approx(b, rel=LOSS_RTOL), f"step {step}: {a} vs {b}"
+    assert _distance(_adapter(tmp_path / "lean"), _adapter(tmp_path / "stock")) < ADAPTER_TOL
