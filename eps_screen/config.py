@@ -80,6 +80,13 @@ class OffPolicyConfig(_Strict):
     max_retries: int = Field(6, ge=0, le=20, description="Hosted: retries of a request answered 429, 5xx or not at all.")
     retry_backoff_s: float = Field(2.0, ge=0, description="Hosted: first retry delay, doubled per retry (a Retry-After wins).")
     timeout_s: float = Field(600, gt=0, description="Hosted: seconds one request may take.")
+    vllm_kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="kind=model, vLLM on a GPU: the off-policy engine's KV cache. 'fp8' (8-bit keys and values)"
+                    " holds about twice the sequences at once; a big off-policy model's answer sets are bound by how"
+                    " many fit beside its weights. 'auto': the model's dtype. The answers differ in the low bits, so"
+                    " it is part of the stored answer sets' key.",
+    )
 
     @model_validator(mode="after")
     def _source_given(self) -> OffPolicyConfig:
@@ -103,6 +110,9 @@ class OffPolicyConfig(_Strict):
                 )
         elif self.base_url is not None or self.api_key_env is not None:
             raise ValueError("base_url and api_key_env apply to kind 'anthropic' or 'openai' only")
+        if self.kind != "model" and self.vllm_kv_cache_dtype != "auto":
+            raise ValueError(f"vllm_kv_cache_dtype applies to kind 'model' only (a local engine): remove it, or set"
+                             f" kind: model (it is {self.kind!r})")
         return self
 
     @property

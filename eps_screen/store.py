@@ -55,6 +55,10 @@ _SPEED_ONLY = {
     "off_policy": ("max_concurrent", "requests_per_minute", "max_retries", "retry_backoff_s", "timeout_s", "api_key_env"),
 }
 
+# Fields added after stores existed: at these values they stay out of the key, so a store's finished cells keep
+# the keys they were stored under.
+_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto"}}
+
 
 def _digest(payload: dict) -> str:
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
@@ -67,6 +71,9 @@ def _inputs(config: ScreenConfig, fields: tuple[str, ...]) -> dict:
     for section, names in _SPEED_ONLY.items():
         if section in payload:
             payload[section] = {k: v for k, v in payload[section].items() if k not in names}
+    for section, added in _ADDED_AT_DEFAULT.items():
+        if section in payload:
+            payload[section] = {k: v for k, v in payload[section].items() if added.get(k, object()) != v}
     if config.simulated:
         payload["simulation"] = dumped["simulation"]
     own = {k: v for k, v in dumped["panels"].items() if v}

@@ -35,6 +35,13 @@ def test_what_changes_the_answers_changes_the_keys():
     # merging the adapter into bf16 weights changes the numbers the evaluation sees
     merged = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_merge_adapter": True})
     assert cell_key(merged, CELL) != cell_key(base, CELL)
+    # the off-policy engine's 8-bit KV cache changes its answers in the low bits; at 'auto' (added later) the key
+    # is the one stores already hold (tests/test_factors_config.py pins those)
+    model = qwen7b_config()
+    fp8 = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "fp8"})
+    auto = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "auto"})
+    assert regime_key(fp8, regime_of(fp8, CELL)) != regime_key(model, regime_of(model, CELL))
+    assert cell_key(fp8, CELL) != cell_key(model, CELL) == cell_key(auto, CELL)
 
 
 def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):

@@ -168,3 +168,22 @@ def test_only_the_base_models_engine_reserves_adapter_slots(monkeypatch):
     assert base._lora("/adapters/a1").lora_int_id == 1 and off_policy._lora(None) is None
     with pytest.raises(ValueError, match="serves no adapters: adapters are trained on model.base"):
         off_policy._lora("/adapters/a1")
+
+
+def test_only_the_off_policy_engine_takes_an_fp8_kv_cache(monkeypatch):
+    """off_policy.vllm_kv_cache_dtype reaches the off-policy model's engine on a GPU, never the base model's (whose
+    answers are the study's measurements); 'auto' passes nothing (checked with vllm.LLM replaced)."""
+    import vllm
+
+    from eps_screen.generation import vllm_backend
+
+    seen: list[dict] = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(vllm_backend, "_on_gpu", lambda: True)
+    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured: 0.5)
+    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"},
+                           "off_policy": {"model": "tiny-alt", "vllm_kv_cache_dtype": "fp8"}})
+    vllm_backend.VLLMGenerator("tiny", config)
+    vllm_backend.VLLMGenerator("tiny-alt", config)
+    vllm_backend.VLLMGenerator("tiny-alt", config.with_sets({"off_policy.vllm_kv_cache_dtype": "auto"}))
+    assert "kv_cache_dtype" not in seen[0] and seen[1]["kv_cache_dtype"] == "fp8" and "kv_cache_dtype" not in seen[2]

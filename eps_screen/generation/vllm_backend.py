@@ -118,6 +118,8 @@ class VLLMGenerator:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
             if ev.vllm_cudagraph_max_batch and not kwargs["enforce_eager"]:
                 kwargs["compilation_config"] = {"max_cudagraph_capture_size": ev.vllm_cudagraph_max_batch}
+            if not self.serves_adapters and config.off_policy.vllm_kv_cache_dtype != "auto":
+                kwargs["kv_cache_dtype"] = config.off_policy.vllm_kv_cache_dtype  # the off-policy model's engine
         else:
             # A request whose prefill is split over steps has its sampled token discarded and its seeded generator
             # rewound, which the CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only.
