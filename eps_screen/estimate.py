@@ -80,6 +80,10 @@ TOGETHER_CELLS = 8
 # (condition, micro-batch) -> the runs' suffix: which split each pair was measured with.
 PREFIX_RESULT = "gpu_prefix/gpu_prefix_bench_h200_run2.json"
 PREFIX_RUNS = {("A1B0", 8): "", ("A1B1", 4): "", ("A1B1", 8): "-17k"}
+# The Trainer without its per-step GPU syncs (eps_screen.training_steps): a step's time before over after, for one
+# E1 cell per condition at qwen7b.yaml's sizes (compiled, shared prefixes, its micro-batches), both in one process
+# (the "-again" runs of benchmarks/gpu_train_steps_bench.py). A0B0 trains together, in its own loop: not measured.
+STEPS_RESULT = "gpu_train_steps_h200.json"
 
 
 @cache
@@ -264,7 +268,24 @@ def _train_rates(config: ScreenConfig, profile: str, notes: list[str]) -> dict[s
                              f"{t.max_batch_tokens}) not measured under {profile}: its whole-batch figure used (faster)")
         if shares and c[1] == "1":
             rates[c] = _with_shared_prefixes(rates[c], c, micro, notes)
+        # A0B0 (short, trained together by default) was not measured: its figure stays as before, the slower one
+        if profile == "padfree+fused+compile" and c != "A0B0" and (shares or c[1] == "0"):
+            rates[c] = _without_step_syncs(rates[c], c, micro, notes)
     return rates
+
+
+def _without_step_syncs(rate: Figure, condition: str, micro: int, notes: list[str]) -> Figure:
+    """A condition's figure times its measured speed-up from training without the Trainer's per-step syncs;
+    unchanged, noted, where that condition or micro-batch was not measured."""
+    runs = _result_runs(STEPS_RESULT) or {}
+    before, after = runs.get(f"{condition}:before-again"), runs.get(f"{condition}:after-again")
+    if not before or not after or after.get("micro_batch") != micro:
+        notes.append(f"train {condition}: the step without per-step syncs not measured with micro-batches of {micro}:"
+                     " counted as before")
+        return rate
+    speedup = before["s_per_step"] / after["s_per_step"]
+    return Figure(round(rate.value * speedup), rate.unit, f"{rate.source}, {_R}{STEPS_RESULT}",
+                  f"{rate.note + '; ' if rate.note else ''}x{speedup:.2f} without the Trainer's per-step syncs")
 
 
 def _with_shared_prefixes(rate: Figure, condition: str, micro: int, notes: list[str]) -> Figure:

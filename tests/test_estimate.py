@@ -206,7 +206,9 @@ def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_f
     assert "train A0B0 (together)" not in alone.figures
     assert together.hours["train"] < estimate(_qwen(gradient_checkpointing=True)).hours["train"]
     # the other conditions fill a pass with one cell: their figures stay the alone ones
-    assert together.figures["train A0B1 (padfree+fused+compile)"]["source"].endswith("compile.json")
+    assert together.figures["train A0B1 (padfree+fused+compile)"]["source"].startswith(
+        "benchmarks/results/gpu_train_h200_compile.json")
+    assert TOGETHER_RESULT not in together.figures["train A0B1 (padfree+fused+compile)"]["source"]
 
 
 def _marker_three(config):
@@ -434,12 +436,26 @@ def test_validate_prints_the_wall_clock_and_what_other_gpu_counts_give(capsys):
     assert not any(s in capsys.readouterr().out for s in ("wall clock:", "GPUs at once:"))
 
 
-def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio():
+def _without_result(monkeypatch, name: str, file: str, *configs):
+    """The estimates of configs as if result file `name` (an estimate module constant) were not committed."""
+    from eps_screen import estimate as est_module
+
+    monkeypatch.setattr(est_module, name, file)
+    est_module._result_runs.cache_clear()
+    try:
+        return [estimate(c) for c in configs]
+    finally:
+        monkeypatch.undo()
+        est_module._result_runs.cache_clear()
+
+
+def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio(monkeypatch):
     import json
 
     from eps_screen.estimate import PREFIX_RESULT
 
-    shared, plain = estimate(_qwen()), estimate(_qwen(share_prefix=False))
+    # measured on top of shared prefixes, the step-sync speed-up is left out of this comparison
+    shared, plain = _without_result(monkeypatch, "STEPS_RESULT", "no-such-file.json", _qwen(), _qwen(share_prefix=False))
     runs = json.loads((ROOT / "benchmarks/results" / PREFIX_RESULT).read_text())["runs"]
     for condition in ("A1B0", "A1B1"):  # measured at qwen7b.yaml's split (A1B1 in 2 micro-batches of 4)
         name = f"train {condition} (padfree+fused+compile)"
@@ -452,6 +468,28 @@ def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio():
     # A1B1 in micro-batches of 2 was never measured with shared prefixes: counted as none, said so
     small = estimate(_qwen(max_batch_tokens=5000))
     assert any(n.startswith("train A1B1: shared prefixes not measured with micro-batches of 2") for n in small.notes)
+
+
+def test_training_without_per_step_syncs_speeds_up_each_measured_condition_by_its_ratio(monkeypatch):
+    import json
+
+    from eps_screen import estimate as est_module
+
+    shipped = estimate(_qwen())
+    runs = json.loads((ROOT / "benchmarks/results" / est_module.STEPS_RESULT).read_text())["runs"]
+    before, = _without_result(monkeypatch, "STEPS_RESULT", "no-such-file.json", _qwen())
+    for condition in ("A1B0", "A0B1", "A1B1"):  # each at qwen7b.yaml's split, shared prefixes on
+        name = f"train {condition} (padfree+fused+compile)"
+        ratio = runs[f"{condition}:before-again"]["s_per_step"] / runs[f"{condition}:after-again"]["s_per_step"]
+        assert shipped.figures[name]["value"] == round(before.figures[name]["value"] * ratio)
+        assert shipped.figures[name]["source"].endswith(est_module.STEPS_RESULT) and 1.02 < ratio < 1.2
+        assert any(n.startswith(f"train {condition}: the step without per-step syncs not measured") for n in before.notes)
+    assert shipped.figures["train A0B0 (together)"] == before.figures["train A0B0 (together)"]  # its own loop
+    assert shipped.hours["train"] < before.hours["train"]
+    # measured with micro-batches of 4 for A1B1: another split is counted as before, and said so
+    small = estimate(_qwen(max_batch_tokens=5000))
+    assert any(n.startswith("train A1B1: the step without per-step syncs not measured with micro-batches of 2")
+               for n in small.notes)
 
 
 def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
