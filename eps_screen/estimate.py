@@ -140,7 +140,10 @@ FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"
              "answers": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
              # the off-policy engine as jobs build it since it serves no adapter (LoRA off: no faster, 2-13% slower
              # than with LoRA on, gpu_full_size_off_policy_h200.json; BENCHMARKS.md, "Generation at full size")
-             "off-policy": ("gpu_full_size_off_policy_nolora_h200.json",) * 2}
+             "off-policy": ("gpu_full_size_off_policy_nolora_h200.json",) * 2,
+             # off_policy.vllm_kv_cache_dtype fp8: A1B1 measured (the largest off-policy answer sets); the other
+             # conditions keep the figure above, the slower one, noted
+             "off-policy fp8": ("gpu_full_size_off_policy_fp8_h200.json",) * 2}
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
 
 
@@ -159,10 +162,12 @@ H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile ca
 H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
 H200_FIRST_SLEEP = Figure(16, "s", f"{_JTG}, {_JT}, {_J1}",
                           "an engine's first sleep (10-16 s, 16 with CUDA graphs to 1,024); later ones 0.4 s, waking 0.6 s")
-# A job that makes off-policy answer sets starts a second engine, the off-policy model's (the 32B shape: FlashInfer's
-# JIT cache warm, none of the shape's own compile cache; 189 s on a fresh machine, gpu_full_size_off_policy_nolora_h200).
-H200_OFF_POLICY_START = Figure(149, "s", _R + "gpu_full_size_off_policy_h200.json",
-                               "the off-policy engine's start (the 32B shape), per job that makes off-policy answers")
+# A job that makes off-policy answer sets starts a second engine, the off-policy model's (the 32B shape, LoRA off),
+# measured twice on one fresh machine: every cache empty, then with execution.engine_cache_dir as the first left it.
+H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_cold_h200.json",
+                                    "the off-policy engine's start (the 32B shape), compile and JIT caches empty")
+H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm_h200.json",
+                                    "the off-policy engine's start (the 32B shape), its compile cache warm")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -382,10 +387,17 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
             gen[c] = full
         base[c] = full_size("answers", c) or H200_VLLM["base"][a]
         off[c] = full_size("off-policy", c)
+        kv = config.off_policy.vllm_kv_cache_dtype
+        if kv == "fp8" and config.off_policy.kind == "model":
+            off[c] = full_size("off-policy fp8", c) or off[c]
+            if off[c] and not off[c].source.endswith(FULL_SIZE["off-policy fp8"][int(c[3])]):
+                notes.append(f"off-policy answers {c}: an fp8 KV cache not measured there, its bf16 figure used (slower)")
         figures[f"generate {c} (vLLM, {path} adapter)"] = gen[c]
         figures[f"answers {c} (vLLM, no adapter)"] = base[c]
         if off[c] and config.off_policy.kind == "model":
-            figures[f"off-policy answers {c} (vLLM, the 32B shape)"] = off[c]
+            label = "the 32B shape, fp8 KV cache" if kv == "fp8" and off[c].source.endswith(
+                FULL_SIZE["off-policy fp8"][int(c[3])]) else "the 32B shape"
+            figures[f"off-policy answers {c} (vLLM, {label})"] = off[c]
     if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                      f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")
@@ -572,8 +584,14 @@ def estimate(config: ScreenConfig) -> Estimate:
     prescreen_s = sum(prescreen_tokens[c] * tail / answer_rate[c].value for c in CONDITIONS)
     jobs = gpu_jobs(config, n_multi)
     off_starts = 0 if tiny or override or not vllm else off_policy_engine_starts(config, n_multi)
+    off_start = H200_OFF_POLICY_START_WARM if config.execution.engine_cache_dir else H200_OFF_POLICY_START_COLD
     if off_starts:
-        figures["off-policy engine start"] = H200_OFF_POLICY_START
+        figures["off-policy engine start"] = off_start
+    if not tiny and not override and vllm and config.execution.engine_cache_dir:
+        once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (
+            H200_OFF_POLICY_START_COLD.value - H200_OFF_POLICY_START_WARM.value if off_starts else 0)
+        notes.append(f"engine starts counted warm (execution.engine_cache_dir); while that directory is still empty"
+                     f" the first start of each engine compiles: about {once:.0f} s more, once")
         notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
                      " counted as all needing it)")
     hours = {
@@ -581,11 +599,11 @@ def estimate(config: ScreenConfig) -> Estimate:
         "eval": eval_s / 3600,
         "regimes": regimes_s / 3600,
         "pre_screen": prescreen_s / 3600,
-        "startup": (pre_screen_startup_s + (jobs - 1) * startup_s + off_starts * H200_OFF_POLICY_START.value) / 3600,
+        "startup": (pre_screen_startup_s + (jobs - 1) * startup_s + off_starts * off_start.value) / 3600,
     }
     # The multi-seed cells, not known before, each as the mean slab cell with an answer set of the mean regime.
     multiseed_cell_s = sum(map(cell_s, cells)) / len(cells) + sum(map(regime_s, regimes)) / max(1, len(regimes))
-    costs = wall_clock.JobCosts(startup_s, H200_OFF_POLICY_START.value if off_starts else 0.0, cell_s, regime_s,
+    costs = wall_clock.JobCosts(startup_s, off_start.value if off_starts else 0.0, cell_s, regime_s,
                                 multiseed_cell_s)
     spans = [] if tiny else wall_clock.schedule(config, costs, pre_screen_startup_s + prescreen_s, n_multi)
     gpu_hours = sum(hours.values())

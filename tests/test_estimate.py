@@ -61,9 +61,9 @@ def test_tiny_preset_costs_nothing():
 def _start_up_per_job(config, est) -> float:
     """Seconds of start-up per cell job, less the off-policy engine's start in the jobs that make off-policy answers
     (the pre-screen's job, which trains nothing, counted with the warm-ups it skips)."""
-    from eps_screen.estimate import H200_OFF_POLICY_START, gpu_jobs, off_policy_engine_starts
+    from eps_screen.estimate import H200_OFF_POLICY_START_WARM, gpu_jobs, off_policy_engine_starts
 
-    off = off_policy_engine_starts(config) * H200_OFF_POLICY_START.value
+    off = off_policy_engine_starts(config) * H200_OFF_POLICY_START_WARM.value
     skipped = sum(est.figures[k]["value"] for k in ("compile warm-up", "first engine sleep") if k in est.figures)
     return (est.hours["startup"] * 3600 - off + skipped) / gpu_jobs(config)
 
@@ -118,7 +118,11 @@ def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engin
     # as shipped, jobs of at least 9 cells: the smoke in 1 job, the multi-seed cells in 2
     assert off_policy_engine_starts(shipped) == 1 + 2 + 2
     est = estimate(config)
-    assert est.figures["off-policy engine start"]["value"] == 149
+    # the off-policy engine's start as measured: warm with execution.engine_cache_dir (qwen7b.yaml), else cold
+    assert est.figures["off-policy engine start"]["value"] == 41
+    cold = config.model_copy(update={"execution": config.execution.model_copy(update={"engine_cache_dir": None})})
+    assert estimate(cold).figures["off-policy engine start"]["value"] == 215
+    assert any(n.startswith("engine starts counted warm") for n in est.notes)
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
     assert off_policy_engine_starts(jsonl) == 0 and "off-policy engine start" not in estimate(jsonl).figures
 
@@ -354,13 +358,13 @@ def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches(
 
 
 def test_the_pre_screen_job_pays_no_training_warm_up():
-    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_OFF_POLICY_START, gpu_jobs, \
+    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_OFF_POLICY_START_WARM, gpu_jobs, \
         off_policy_engine_starts
 
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
     per_job = 268  # pod 180 + warm engine start 47 + first sleep 16 + compile warm-up 25
-    off = off_policy_engine_starts(config) * H200_OFF_POLICY_START.value
+    off = off_policy_engine_starts(config) * H200_OFF_POLICY_START_WARM.value
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
     pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
     assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
@@ -392,7 +396,7 @@ def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
 
 
 def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
-    from eps_screen.estimate import H200_OFF_POLICY_START, gpu_jobs
+    from eps_screen.estimate import H200_OFF_POLICY_START_WARM, gpu_jobs
     from eps_screen.phase_sizes import dispatch_groups
 
     config = _qwen()
@@ -401,7 +405,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
     # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
     n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
-    per_job = 268 + H200_OFF_POLICY_START.value
+    per_job = 268 + H200_OFF_POLICY_START_WARM.value
     regimes = 48  # the phase-1-2 answer sets: 18 more in phase 3 as their mean
     share = (len(est.job_hours[-1]) * per_job / 3600 + (est.hours["train"] + est.hours["eval"]) * n_multi / cells
              + est.hours["regimes"] * n_multi / (regimes + n_multi))
@@ -510,3 +514,22 @@ def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
     fewer, more = estimate(shipped), estimate(every_gpu)
     assert fewer.gpu_hours < more.gpu_hours and fewer.wall_hours > more.wall_hours
     assert fewer.hours["train"] == more.hours["train"], "the same cells, trained the same way"
+
+
+def test_an_fp8_kv_cache_uses_its_measured_off_policy_figure_where_there_is_one():
+    import json
+
+    from eps_screen.estimate import FULL_SIZE
+
+    config = _qwen()
+    fp8 = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_kv_cache_dtype": "fp8"})})
+    shipped, faster = estimate(config), estimate(fp8)
+    runs = json.loads((ROOT / "benchmarks/results" / FULL_SIZE["off-policy fp8"][1]).read_text())["runs"]
+    a1b1 = faster.figures["off-policy answers A1B1 (vLLM, the 32B shape, fp8 KV cache)"]
+    assert a1b1["value"] == round(runs["A1B1:answers"]["tokens_per_s"])
+    assert a1b1["value"] > shipped.figures["off-policy answers A1B1 (vLLM, the 32B shape)"]["value"]
+    for c in ("A0B0", "A1B0", "A0B1"):  # not measured with fp8: the bf16 figure, said so
+        assert faster.figures[f"off-policy answers {c} (vLLM, the 32B shape)"] == \
+            shipped.figures[f"off-policy answers {c} (vLLM, the 32B shape)"]
+        assert any(n.startswith(f"off-policy answers {c}: an fp8 KV cache not measured") for n in faster.notes)
+    assert faster.hours["regimes"] < shipped.hours["regimes"] and faster.hours["train"] == shipped.hours["train"]
