@@ -168,6 +168,12 @@ H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_col
                                     "the off-policy engine's start (the 32B shape), compile and JIT caches empty")
 H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm_h200.json",
                                     "the off-policy engine's start (the 32B shape), its compile cache warm")
+# A job that started the off-policy engine puts it to sleep before training (its weights to host memory). Not measured:
+# the base engine's first sleep (16 s, mostly pinning host memory for its 13.5 GiB of weights) scaled by the 32B
+# shape's 58.2 GiB of weights (the off-policy logs' "Model loading took").
+H200_OFF_POLICY_SLEEP = Figure(round(16 * 58.17 / 13.5), "s", f"{_JTG}, {_R}gpu_full_size_off_policy_warm_h200.json",
+                               "the off-policy engine's first sleep, scaled from the base engine's by weight bytes"
+                               " (not measured)")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -587,6 +593,8 @@ def estimate(config: ScreenConfig) -> Estimate:
     off_start = H200_OFF_POLICY_START_WARM if config.execution.engine_cache_dir else H200_OFF_POLICY_START_COLD
     if off_starts:
         figures["off-policy engine start"] = off_start
+        figures["off-policy engine sleep"] = H200_OFF_POLICY_SLEEP
+    off_job_s = off_start.value + H200_OFF_POLICY_SLEEP.value  # what a job pays for starting that engine
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
         once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (
             H200_OFF_POLICY_START_COLD.value - H200_OFF_POLICY_START_WARM.value if off_starts else 0)
@@ -599,11 +607,11 @@ def estimate(config: ScreenConfig) -> Estimate:
         "eval": eval_s / 3600,
         "regimes": regimes_s / 3600,
         "pre_screen": prescreen_s / 3600,
-        "startup": (pre_screen_startup_s + (jobs - 1) * startup_s + off_starts * off_start.value) / 3600,
+        "startup": (pre_screen_startup_s + (jobs - 1) * startup_s + off_starts * off_job_s) / 3600,
     }
     # The multi-seed cells, not known before, each as the mean slab cell with an answer set of the mean regime.
     multiseed_cell_s = sum(map(cell_s, cells)) / len(cells) + sum(map(regime_s, regimes)) / max(1, len(regimes))
-    costs = wall_clock.JobCosts(startup_s, off_start.value if off_starts else 0.0, cell_s, regime_s,
+    costs = wall_clock.JobCosts(startup_s, off_job_s if off_starts else 0.0, cell_s, regime_s,
                                 multiseed_cell_s)
     spans = [] if tiny else wall_clock.schedule(config, costs, pre_screen_startup_s + prescreen_s, n_multi)
     gpu_hours = sum(hours.values())
