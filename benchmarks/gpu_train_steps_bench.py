@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_common import environment, job_config, out_dir, write  # noqa: E402
-from gpu_full_size_train import capped, condition_cells, load_base, training_set  # noqa: E402
+from gpu_full_size_train import MODEL, capped, condition_cells, load_base, training_set  # noqa: E402
 
 # What the Trainer did before: its log each step, the NaN filter, pinned batches copied with a blocking copy.
 BEFORE_ARGS = {"logging_strategy": "steps", "logging_steps": 1, "logging_nan_inf_filter": True,
@@ -97,12 +97,11 @@ def main() -> None:
     args = ap.parse_args()
 
     base, built = load_base(args.tiny)
-    model_dir = Path(tempfile.mkdtemp())
-    (model_dir / "config.json").write_text("{}")
     result = {"environment": environment(), "model": built, "runs": {}, "syncs": {}}
     path = out_dir() / args.name
     with tempfile.TemporaryDirectory() as tmp:
-        config = job_config(model_dir, Path(tmp) / "store", reduced=False, overrides={})
+        # the model is built in memory (load_base): the config names it as the full-size train bench does
+        config = job_config(Path(MODEL), Path(tmp) / "store", reduced=False, overrides={})
         for condition in args.conditions.split(","):
             cell = condition_cells(config, int(condition[1]), int(condition[3]))[0]
             examples = capped(config, training_set(config, cell, base.tokenizer), args.steps, cell.id)
