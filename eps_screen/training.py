@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -256,7 +255,7 @@ def _fused_head_trainer():
     entropy and top-1 accuracy (the head computes both for every labelled token; each is read back with `.item()`,
     as is the token count, so the CPU waits for the forward before it can start the backward). Nothing here reads
     them. The loss is TRL's: the label tokens' summed negative log-probability over the step's label-token count
-    (tests/test_training_steps.py compares the two per step)."""
+    (tests/test_training_loss.py compares the two per step)."""
     import torch
     from trl import SFTTrainer
     from trl.trainer.utils import add_fused_lm_head
