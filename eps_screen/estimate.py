@@ -392,17 +392,15 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
         else:
             gen[c] = full
         base[c] = full_size("answers", c) or H200_VLLM["base"][a]
-        off[c] = full_size("off-policy", c)
-        kv = config.off_policy.vllm_kv_cache_dtype
-        if kv == "fp8" and config.off_policy.kind == "model":
-            off[c] = full_size("off-policy fp8", c) or off[c]
-            if off[c] and not off[c].source.endswith(FULL_SIZE["off-policy fp8"][int(c[3])]):
-                notes.append(f"off-policy answers {c}: an fp8 KV cache not measured there, its bf16 figure used (slower)")
+        wants_fp8 = config.off_policy.kind == "model" and config.off_policy.vllm_kv_cache_dtype == "fp8"
+        fp8 = full_size("off-policy fp8", c) if wants_fp8 else None
+        off[c] = fp8 or full_size("off-policy", c)
+        if wants_fp8 and fp8 is None and off[c]:
+            notes.append(f"off-policy answers {c}: an fp8 KV cache not measured there, its bf16 figure used (slower)")
         figures[f"generate {c} (vLLM, {path} adapter)"] = gen[c]
         figures[f"answers {c} (vLLM, no adapter)"] = base[c]
         if off[c] and config.off_policy.kind == "model":
-            label = "the 32B shape, fp8 KV cache" if kv == "fp8" and off[c].source.endswith(
-                FULL_SIZE["off-policy fp8"][int(c[3])]) else "the 32B shape"
+            label = "the 32B shape, fp8 KV cache" if fp8 else "the 32B shape"
             figures[f"off-policy answers {c} (vLLM, {label})"] = off[c]
     if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
@@ -594,14 +592,14 @@ def estimate(config: ScreenConfig) -> Estimate:
     if off_starts:
         figures["off-policy engine start"] = off_start
         figures["off-policy engine sleep"] = H200_OFF_POLICY_SLEEP
+        notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
+                     " counted as all needing it)")
     off_job_s = off_start.value + H200_OFF_POLICY_SLEEP.value  # what a job pays for starting that engine
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
         once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (
             H200_OFF_POLICY_START_COLD.value - H200_OFF_POLICY_START_WARM.value if off_starts else 0)
         notes.append(f"engine starts counted warm (execution.engine_cache_dir); while that directory is still empty"
                      f" the first start of each engine compiles: about {once:.0f} s more, once")
-        notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
-                     " counted as all needing it)")
     hours = {
         "train": train_s / 3600,
         "eval": eval_s / 3600,
