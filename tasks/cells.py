@@ -4,14 +4,17 @@ Each task is handed the store its process built once (and, in-process, the scree
 the work. The cache key is the store's content address of the cell (inputs + pipeline version) plus the store's
 location, so Prefect shows a re-run's finished cells as Cached; the store check inside run_cell is what makes a
 re-run skip them on any machine, even with Prefect's result cache gone. A cell missing from the store gets no key
-(no cache lookup), so a cell deleted from the store is recomputed, never "Cached"; a regime's answers follow the
-same rule.
+(no cache lookup), so a cell deleted from the store is recomputed, never "Cached"; answer sets follow the same rule
+(a key only when every set of the task is stored).
 """
 
 from __future__ import annotations
 
+import hashlib
+
 from prefect import task
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import task_run
 from prefect.states import Crashed
 
 from eps_screen import pipeline
@@ -29,20 +32,26 @@ def _cell_cache_key(_ctx, params) -> str | None:
     return f"cell-{store.location}-{cell_key(config, cell)}"
 
 
-def _regime_cache_key(_ctx, params) -> str | None:
-    config, store, regime = params["config"], params["store"], params["regime"]
-    if not store.has_regime(config, regime):
-        # A remembered result for answers the store no longer has would skip this task, and every cell of the
+def _answer_sets_cache_key(_ctx, params) -> str | None:
+    config, store, regimes = params["config"], params["store"], params["regimes"]
+    if not all(store.has_regime(config, regime) for regime in regimes):
+        # A remembered result for answers the store no longer has would skip this task, and every cell of such a
         # regime would then generate the answers itself.
         return None
-    return f"regime-{store.location}-{regime_key(config, regime)}"
+    keys = " ".join(regime_key(config, regime) for regime in regimes)
+    return f"answer-sets-{store.location}-{hashlib.sha256(keys.encode()).hexdigest()[:16]}"
 
 
-@task(name="answers", retries=2, retry_delay_seconds=5, cache_key_fn=_regime_cache_key, persist_result=True,
-      task_run_name="answers {regime.id}")
-def regime_task(config: ScreenConfig, regime: Regime, store: ResultStore) -> int:
-    answers, _ = pipeline.regime_answers(config, regime, store)
-    return len(answers)
+def _answer_sets_run_name() -> str:
+    n = len(task_run.parameters["regimes"])
+    return f"answer sets ({n} regime{'s' * (n != 1)})"
+
+
+@task(name="answer sets", retries=2, retry_delay_seconds=5, cache_key_fn=_answer_sets_cache_key, persist_result=True,
+      task_run_name=_answer_sets_run_name)
+def answer_sets_task(config: ScreenConfig, regimes: list[Regime], store: ResultStore) -> dict[str, int]:
+    """{regime id: answers} of the regimes, the missing sets generated (one engine call per model)."""
+    return {regime_id: len(answers) for regime_id, answers in pipeline.answer_sets(config, regimes, store).items()}
 
 
 # No tags: every tagged task run takes and releases a tag concurrency slot on the server, and on SQLite those

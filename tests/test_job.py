@@ -83,10 +83,46 @@ class _Recorder:
     name = "recorder"
 
     def __init__(self, log, tag):
-        self.log, self.tag = log, tag
+        self.log, self.tag, self.frees = log, tag, True
 
     def sleep(self):
         self.log.append(("sleep", self.tag))
+
+    def release(self) -> bool:
+        self.log.append(("release", self.tag))
+        return self.frees
+
+
+def test_a_released_engine_is_never_asked_again(tmp_path, monkeypatch):
+    """The off-policy engine, released once a job's answer sets are made: it leaves the registry (training puts
+    only the others to sleep), and a later request for its model starts a new engine. An engine that can free
+    nothing (vLLM on a CPU) stays in use."""
+    log: list = []
+    config = _config(tmp_path, "transformers", "per_job")
+    monkeypatch.setattr(engines, "_GENERATORS", {})
+    monkeypatch.setattr(engines, "_RELEASED", {})
+    made: list = []
+
+    def make(backend, ref, cfg):
+        made.append(_Recorder(log, ref))
+        made[-1].frees = ref != "cpu-model"
+        return made[-1]
+
+    monkeypatch.setattr(engines, "make_generator", make)
+    base = engines.generator(config, "base-model")
+    off = engines.generator(config, "off-policy-model")
+    log.clear()
+    engines.release("off-policy-model")
+    assert log == [("release", "off-policy-model")]
+    with engines.training():
+        pass
+    assert log[1:] == [("sleep", "base-model")], "a released engine is not put to sleep again"
+    assert engines.generator(config, "base-model") is base
+    again = engines.generator(config, "off-policy-model")
+    assert again is not off and len(made) == 3
+    cpu = engines.generator(config, "cpu-model")
+    engines.release("cpu-model")
+    assert engines.generator(config, "cpu-model") is cpu and len(made) == 4
 
 
 def test_training_puts_every_engine_to_sleep_and_one_engine_at_a_time(tmp_path, monkeypatch):

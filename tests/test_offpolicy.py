@@ -96,3 +96,50 @@ def test_second_model_answers_through_regime_answers(tmp_path):
         direct = TransformersGenerator(load_base(model, "float32"), batch_size=16).generate(prompts, params)
         assert [a["answer"] for a in answers] == [d[0] for d in direct]
     assert [a["answer"] for a in off_answers] != [a["answer"] for a in on_answers], "two models, two answer sets"
+
+
+def test_a_jobs_answer_sets_take_one_engine_call_per_model(tmp_path, monkeypatch):
+    """pipeline.answer_sets, as a GPU job makes its sets: the base model's sets in one engine call, then the
+    off-policy model's in one call, after which that engine is released; each set stored with the answers it gets
+    when made alone (sampled, so each set's own seed must reach its requests)."""
+    from eps_screen.generation.transformers_backend import TransformersGenerator
+    from eps_screen.job import engines
+
+    sampled = {**SMALL, "eval": {**SMALL["eval"], "temperature": 1.0}}
+    together_config = tiny_config(tmp_path / "together", **sampled)
+    alone_config = tiny_config(tmp_path / "alone", **sampled)
+    levels = [(("A", 0), ("B", 0), ("C", 0)), (("A", 1), ("B", 0), ("C", 1))]
+    regimes = [Regime(source, lv, seed, off_policy=off) for off in (True, False)
+               for source, seed in (("librarian", 42), ("surgeon", 7)) for lv in levels]
+    calls, released = [], []
+    real_many, real_release = TransformersGenerator.generate_many, engines.release
+
+    def many(self, jobs, params):
+        model = next(ref for (_, ref), gen in engines._GENERATORS.items() if gen is self)
+        calls.append((model, len(jobs)))
+        return real_many(self, jobs, params)
+
+    def release(model_ref):
+        released.append((model_ref, len(calls)))
+        real_release(model_ref)
+
+    monkeypatch.setattr(TransformersGenerator, "generate_many", many)
+    monkeypatch.setattr(engines, "release", release)
+    store = ResultStore(tmp_path / "together", together_config.name)
+    together = pipeline.answer_sets(together_config, regimes, store)
+    assert [model.rsplit("/", 1)[-1] for model, _ in calls][-2:] == ["tiny", "tiny-alt"] and [n for _, n in calls] == [4, 4]
+    assert released == [("tiny-alt", 2)], "the off-policy engine is released once its sets are made"
+    assert list(together) == [r.id for r in regimes]
+    meta = json.loads((store.regime_dir(together_config, regimes[0]) / "meta.json").read_text())
+    assert meta["sets_in_engine_call"] == 4 and meta["answers_from"] == "model:tiny-alt"
+
+    calls.clear()
+    alone_store = ResultStore(tmp_path / "alone", alone_config.name)
+    for regime in regimes:
+        answers, generated = pipeline.regime_answers(alone_config, regime, alone_store)
+        assert generated and answers == together[regime.id], regime.id
+    assert [n for _, n in calls] == [1] * len(regimes)
+    assert len({json.dumps(a) for a in together.values()}) == len(regimes), "every set is its own"
+    # Made once: asked again, every set comes from the store without an engine call.
+    calls.clear()
+    assert pipeline.answer_sets(together_config, regimes, store) == together and not calls

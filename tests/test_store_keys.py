@@ -46,12 +46,21 @@ def test_what_changes_the_answers_changes_the_keys():
 
 def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
     """A fresh-clone CI run met it: a store made again at a path an earlier run had used, Prefect's cached result
-    for the answers task from that run, no answers in the store, so each cell generated its regime's answers."""
-    from tasks.cells import _regime_cache_key
+    for the answers task from that run, no answers in the store, so each cell generated its regime's answers. A task
+    of several sets gets a key only once every one of them is stored, and a key that changes with any of them."""
+    from tasks.cells import _answer_sets_cache_key
 
     config = tiny_config(tmp_path)
-    regime = regime_of(config, CELL)
+    one, other = regime_of(config, CELL), regime_of(config, Cell("librarian", (1, 1, 1, 0, 0), 42))
+    assert one != other
     store = ResultStore.for_config(config)
-    assert _regime_cache_key(None, {"config": config, "regime": regime, "store": store}) is None
-    store.save_regime(config, regime, [], {"regime": regime.id})
-    assert _regime_cache_key(None, {"config": config, "regime": regime, "store": store}).endswith(regime_key(config, regime))
+
+    def key(regimes):
+        return _answer_sets_cache_key(None, {"config": config, "regimes": regimes, "store": store})
+
+    assert key([one]) is None
+    store.save_regime(config, one, [], {"regime": one.id})
+    assert key([one]) is not None and key([one, other]) is None
+    store.save_regime(config, other, [], {"regime": other.id})
+    assert len({key([one]), key([other]), key([one, other])}) == 3
+    assert key([one]).startswith(f"answer-sets-{store.location}-")

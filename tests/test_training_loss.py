@@ -82,7 +82,8 @@ def test_full_logits_loss_is_trls_chunked_loss(base, tmp_path, monkeypatch, name
     assert full.steady_tokens_per_s is None or full.steady_tokens_per_s > 0
     assert full.tokens_per_s > 0
 
-    other_seed = _train(base, tmp_path, "other", case, False, seed=case[2] + 1, monkeypatch=monkeypatch)
+    # Another seed trains another adapter: the agreement above is not two runs that ignore what they are given.
+    _train(base, tmp_path, "other", case, False, seed=case[2] + 1, monkeypatch=monkeypatch)
     assert _distance(_adapter(tmp_path / "other"), _adapter(tmp_path / "chunked")) > 100 * ADAPTER_TOL
 
 

