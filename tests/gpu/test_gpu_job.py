@@ -5,7 +5,8 @@ with vLLM, trains each LoRA (engine asleep), evaluates every adapter in one mult
 Random weights, no download: benchmarks/gpu_common.seven_b_dir (tiny tokenizer, vocabulary sized to it).
 Run on the H200 test machine: `python -m pytest -m gpu tests/gpu/test_gpu_job.py`. Writes gpu_job_test.json
 ($OUT there, else test-output/) with each cell's timings and the engine's start, sleep and wake times, and
-gpu_job_test_80gb.json for the same job with A1B1 cells on the H200 made an 80 GB card by a ballast process.
+gpu_job_test_80gb.json for the same job with A1B1 cells on the H200 made an 80 GB card by a ballast process, and
+gpu_job_test_off_policy.json for a job that releases a second model's engine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ pytestmark = [
 EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.job.memory)
 
 
-def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | None = None) -> dict:
+def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | None = None,
+             off_policy: dict | None = None) -> dict:
     """One GPU job of `cells` through the `cell` flow; with `card_gib`, on a card made that small by a ballast
     process holding the rest (so the engine sizes itself to what is free, and what the sleeping engine releases is
     really free: a per-process memory fraction still counts it, and training then fails at the cap)."""
@@ -48,7 +50,7 @@ def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | N
     # per_job, the default: the flow's job task (all trainings, then one multi-LoRA evaluation); the per_cell path
     # runs through the same pipeline functions in benchmarks/gpu_job_bench.py.
     config = job_config(model_dir, tmp_path / "store", engine_cache=cache,
-                        execution={"job_eval": "per_job", **(execution or {})})
+                        execution={"job_eval": "per_job", **(execution or {})}, **({"off_policy": off_policy} if off_policy else {}))
     try:
         with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
             t = time.perf_counter()
@@ -141,6 +143,28 @@ def test_a_job_in_stages_stores_each_stage_before_the_next_trains(tmp_path):
     assert written[first[0]]["trained_with"] == [first[1]] and not written[second[0]]["trained_with"], written
     assert max(written[c]["metrics"] for c in first) < min(written[c]["adapter"] for c in second), written
     assert len(result["engine"]["sleep_s"]) >= 2 and len(result["engine"]["wake_s"]) >= 2, result["engine"]
+
+
+def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
+    """Two cells on on-policy answers (D0) and two on off-policy answers (D1): the job makes the base model's set,
+    then the off-policy model's (the base engine asleep), then releases the off-policy model's engine (weights
+    discarded, none pinned in host memory) before any training; the base engine wakes to evaluate. The off-policy
+    model is the 7B shape again under another path (a second engine), so the test needs no 32B card."""
+    from eps_screen.design import Cell
+    from eps_screen.job import engines
+
+    if engines.stats():
+        pytest.skip("an earlier test's engine, sized to the whole card, is still up: run this one alone (-k off_policy)")
+    off_dir = tmp_path / "off-policy-model"
+    off_dir.symlink_to(Path(os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab")))
+    cells = [Cell("librarian", (0, 0, 0, d, e), 42) for d in (0, 1) for e in (0, 1)]
+    result = _run_job(tmp_path, cells, off_policy={"kind": "model", "model": str(off_dir)})
+    off = engines.stats()[str(off_dir)]
+    result["off_policy_engine"] = off
+    _write("gpu_job_test_off_policy.json", result)
+    assert off["release_s"] > 0 and not off["sleep_s"], off
+    assert [key for key in engines._RELEASED] == [("vllm", str(off_dir))]
+    assert result["engine"]["sleep_s"] and result["engine"]["wake_s"], result["engine"]
 
 
 def test_a_job_with_long_cells_fits_an_80gb_card(tmp_path):
