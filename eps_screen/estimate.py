@@ -598,6 +598,10 @@ def estimate(config: ScreenConfig) -> Estimate:
         figures["off-policy engine release"] = H200_OFF_POLICY_RELEASE
         notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
                      " counted as all needing it)")
+        weights_gb = 2 * (model_params(config.off_policy.model) or FULL_SIZE_OFF_POLICY_PARAMS) / 1e9
+        notes.append(f"not counted: fetching the off-policy model's ~{weights_gb:.0f} GB of weights in each of those"
+                     f" {off_starts} jobs (its measured start made random weights on the GPU; the assumed pod start"
+                     " covers the base model's download only; with a network volume they come from HF_HOME there)")
     off_job_s = off_start.value + H200_OFF_POLICY_RELEASE.value  # what a job pays for starting that engine
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
         once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (

@@ -186,6 +186,10 @@ def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
     est = estimate(jsonl)  # with off-policy answers from a file every throughput figure is a measured one
     assert est.gpu_hours <= 10, est.summary
     assert not any("not measured" in n for n in est.notes)
+    # What the 32B model's engine needs that no measurement had (it made random weights) is named, not hidden.
+    fetch = "not counted: fetching the off-policy model's ~6"
+    assert not any(n.startswith(fetch) for n in est.notes)
+    assert any(n.startswith(fetch) and "each of those 5 jobs" in n for n in estimate(config).notes)
 
 
 def test_gpu_types_without_a_measurement_are_named():
