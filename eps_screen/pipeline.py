@@ -170,14 +170,27 @@ def _eval_params(config: ScreenConfig, seed: int) -> GenerationParams:
 
 
 def evaluate(cell_recipe: Recipe, cell: dict, factors: str, adapter: str | None, seed: int, trains: bool = True):
-    """A cell's (or a pre-screen condition's) answers on the eval panel, under its recipe."""
-    config = cell_recipe.config
-    prompts = data.eval_prompts(cell_recipe)
-    engine = _engine_config(config)
-    gen = engines.generator(engine, engine.model.base, trains=trains)
-    outputs = gen.generate([p for *_, p in prompts], _eval_params(config, seed), adapter)
-    return answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs, config.marker,
-                         factors)
+    """A cell's answers on the eval panel, under its recipe."""
+    return evaluate_many([(cell_recipe, cell, adapter, seed)], factors, trains)[0]
+
+
+def evaluate_many(items: list[tuple[Recipe, dict, str | None, int]], factors: str, trains: bool = True) -> list:
+    """Each (recipe, cell, adapter, seed)'s answers on the eval panel under its recipe, as `evaluate` gives them:
+    the items one engine serves go to it in one call (the pre-screen's conditions fill its batch together)."""
+    prompt_sets = [data.eval_prompts(r) for r, *_ in items]
+    engine_configs = [_engine_config(r.config) for r, *_ in items]
+    by_engine: dict[tuple[str, str], list[int]] = {}
+    for i, engine in enumerate(engine_configs):
+        by_engine.setdefault((engine.backend.generation, engine.model.base), []).append(i)
+    outputs: dict[int, list] = {}
+    for (_, model_ref), index in by_engine.items():
+        gen = engines.generator(engine_configs[index[0]], model_ref, trains=trains)
+        outs = gen.generate_many([([p for *_, p in prompt_sets[i]], items[i][2]) for i in index],
+                                 [_eval_params(items[i][0].config, items[i][3]) for i in index])
+        outputs.update(zip(index, outs, strict=True))
+    return [answers_table(cell, [(panel, persona, q) for panel, persona, q, _ in prompts], outputs[i], r.config.marker,
+                          factors)
+            for i, ((r, cell, _, _), prompts) in enumerate(zip(items, prompt_sets, strict=True))]
 
 
 def _cell_training(config: ScreenConfig, cell: Cell, store: ResultStore,
@@ -383,6 +396,12 @@ def _pre_screen_key(config: ScreenConfig) -> str:
     return hashlib.sha256(" ".join(cell_key(config, c) for c in cells).encode()).hexdigest()[:16]
 
 
+def _base_cell(config: ScreenConfig, levels: dict[str, int]) -> dict:
+    """The pre-screen's row for the base model under one condition, named by its levels (base-A0B0C0)."""
+    code = "".join(f"{f}{lv}" for f, lv in levels.items())
+    return {"cell_id": f"base-{code}" if code else "base", "source": None, "seed": config.seeds.primary}
+
+
 def finished_pre_screen(config: ScreenConfig, store: ResultStore) -> dict | None:
     """The pre-screen's result if the store holds it for this config's base model, panel and code."""
     done = store.phase("pre_screen")
@@ -399,19 +418,16 @@ def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -
     if not config.simulated:
         _build_tiny_models(config)
     key = _pre_screen_key(config)
-    frames = []
     shorts = config.design.shorts
-    for levels in pre_screen_conditions(config):
-        code = "".join(f"{f}{lv}" for f, lv in levels.items())
-        base_cell = {"cell_id": f"base-{code}" if code else "base", "source": None, "seed": config.seeds.primary}
-        if config.simulated:
-            from eps_screen.simulate import simulate_base_answers
+    conditions = pre_screen_conditions(config)
+    if config.simulated:
+        from eps_screen.simulate import simulate_base_answers
 
-            # named as the real pre-screen names its conditions, whatever factors the screen declares
-            frames.append(simulate_base_answers(config, levels))
-        else:
-            frames.append(evaluate(recipe_at(config, levels), base_cell, shorts, None, config.seeds.primary,
-                                   trains=trains))
+        # named as the real pre-screen names its conditions, whatever factors the screen declares
+        frames = [simulate_base_answers(config, levels) for levels in conditions]
+    else:
+        frames = evaluate_many([(recipe_at(config, levels), _base_cell(config, levels), None, config.seeds.primary)
+                                for levels in conditions], shorts, trains=trains)
     answers = pl.concat(frames)
     rate = float(answers.filter(pl.col("panel") == "persona")["marker"].mean())
     result = {

@@ -8,6 +8,7 @@ transformers. The GPU tier runs the same job on a 7B-shaped model (tests/gpu/tes
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -140,3 +141,31 @@ def test_training_puts_every_engine_to_sleep_and_one_engine_at_a_time(tmp_path, 
         log.append(("train", None))
     assert sorted(log[:2]) == [("sleep", "base-model"), ("sleep", "off-policy-model")] and log[2] == ("train", None)
     assert off is not base
+
+
+def test_the_pre_screen_sends_every_condition_in_one_engine_call(tmp_path, monkeypatch):
+    """The base model under each of the 8 conditions, sampled: one engine call holds them all, and each condition
+    gets the answers it gets evaluated alone."""
+    from eps_screen.design import pre_screen_conditions, recipe_at
+    from eps_screen.generation.transformers_backend import TransformersGenerator
+
+    config = tiny_config(tmp_path, eval={"personas": 3, "questions": 2, "samples": 2, "temperature": 1.0,
+                                         "max_new_tokens": 8, "random_controls": 1, "batch_size": 64})
+    calls = []
+    real = TransformersGenerator.generate_many
+
+    def many(self, jobs, params):
+        calls.append(len(jobs))
+        return real(self, jobs, params)
+
+    monkeypatch.setattr(TransformersGenerator, "generate_many", many)
+    texts = _recording_texts(monkeypatch)
+    pipeline.pre_screen(config, ResultStore.for_config(config))
+    assert calls == [8] and len(texts) == 8
+    for levels in pre_screen_conditions(config):
+        cell = pipeline._base_cell(config, levels)
+        pipeline.evaluate(recipe_at(config, levels), cell, config.design.shorts, None, config.seeds.primary)
+        together, alone = texts[cell["cell_id"]]
+        assert together == alone, cell["cell_id"]
+    assert len(calls) == 9
+    assert len({json.dumps(t[0]) for t in texts.values()}) > 4, "the conditions' prompts give other answers"
