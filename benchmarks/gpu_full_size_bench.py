@@ -252,7 +252,7 @@ def main() -> None:
     ap.add_argument("--cudagraph-max", type=int,
                     help="off-policy: the engine's largest CUDA-graph batch (eval.vllm_cudagraph_max_batch, 1,024)")
     ap.add_argument("--together", action="store_true",
-                    help="answer sets: after each condition's set alone, all of them again in one engine call "
+                    help="off-policy: after each condition's answer set alone, all of them again in one engine call "
                          "(pipeline.answer_sets)")
     ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
     ap.add_argument("--model-dir", default=os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab"))
@@ -266,8 +266,8 @@ def main() -> None:
         if args.part != "off-policy":
             ap.error("--cudagraph-max: the off-policy engine's (--part off-policy)")
         overrides["eval.vllm_cudagraph_max_batch"] = args.cudagraph_max
-    if args.together and args.part == "train":
-        ap.error("--together: a generation part's answer sets")
+    if args.together and args.part != "off-policy":
+        ap.error("--together: the off-policy part's answer sets (--part off-policy)")
     if args.baseline and (args.part != "train" or not overrides):
         ap.error("--baseline: --part train with --set")
     conditions = [(a, b) for a, b in parse_conditions(args.conditions)
