@@ -3,6 +3,7 @@ or a second model (`tiny-alt`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -98,21 +99,39 @@ def test_second_model_answers_through_regime_answers(tmp_path):
     assert [a["answer"] for a in off_answers] != [a["answer"] for a in on_answers], "two models, two answer sets"
 
 
-def test_a_jobs_answer_sets_take_one_engine_call_per_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", [
+    "transformers",
+    pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")),
+])
+def test_a_jobs_answer_sets_take_one_engine_call_per_model(tmp_path, monkeypatch, backend):
     """pipeline.answer_sets, as a GPU job makes its sets: the base model's sets in one engine call, then the
     off-policy model's in one call, after which that engine is released; each set stored with the answers it gets
-    when made alone (sampled, so each set's own seed must reach its requests)."""
-    from eps_screen.generation.transformers_backend import TransformersGenerator
+    when made alone (sampled, so each set's own seed must reach its requests; through vLLM, whatever else is in
+    the engine's batch)."""
     from eps_screen.job import engines
 
-    sampled = {**SMALL, "eval": {**SMALL["eval"], "temperature": 1.0}}
+    if backend == "vllm":
+        from eps_screen.generation.vllm_backend import VLLMGenerator as Engine
+    else:
+        from eps_screen.generation.transformers_backend import TransformersGenerator as Engine
+    monkeypatch.setattr(engines, "_GENERATORS", {})
+    try:
+        _answer_sets_together_and_alone(tmp_path, monkeypatch, backend, Engine, engines)
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+
+
+def _answer_sets_together_and_alone(tmp_path, monkeypatch, backend, Engine, engines):
+    sampled = {**SMALL, "eval": {**SMALL["eval"], "temperature": 1.0},
+               "backend": {"generation": backend, "training": "trl"}}
     together_config = tiny_config(tmp_path / "together", **sampled)
     alone_config = tiny_config(tmp_path / "alone", **sampled)
     levels = [(("A", 0), ("B", 0), ("C", 0)), (("A", 1), ("B", 0), ("C", 1))]
     regimes = [Regime(source, lv, seed, off_policy=off) for off in (True, False)
                for source, seed in (("librarian", 42), ("surgeon", 7)) for lv in levels]
     calls, released = [], []
-    real_many, real_release = TransformersGenerator.generate_many, engines.release
+    real_many, real_release = Engine.generate_many, engines.release
 
     def many(self, jobs, params):
         model = next(ref for (_, ref), gen in engines._GENERATORS.items() if gen is self)
@@ -123,7 +142,7 @@ def test_a_jobs_answer_sets_take_one_engine_call_per_model(tmp_path, monkeypatch
         released.append((model_ref, len(calls)))
         real_release(model_ref)
 
-    monkeypatch.setattr(TransformersGenerator, "generate_many", many)
+    monkeypatch.setattr(Engine, "generate_many", many)
     monkeypatch.setattr(engines, "release", release)
     store = ResultStore(tmp_path / "together", together_config.name)
     together = pipeline.answer_sets(together_config, regimes, store)
