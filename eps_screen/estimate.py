@@ -168,16 +168,14 @@ H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_col
                                     "the off-policy engine's start (the 32B shape), compile and JIT caches empty")
 H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm_h200.json",
                                     "the off-policy engine's start (the 32B shape), its compile cache warm")
-# Once a job's answer sets are made, pipeline.answer_sets releases the off-policy engine (vLLM's sleep level 2:
-# weights and KV cache discarded, nothing copied to host memory). Not measured: counted as the base engine's later
-# sleeps (0.39-0.48 s, which copy its 13.5 GiB of weights to host memory pinned by the first; a release copies none)
-# scaled by the 32B shape's 58.2 GiB of weights (the off-policy logs' "Model loading took"). Until then a job put
-# that engine to sleep, whose first sleep pins host memory for all its weights: 69 s the same way scaled from the
-# base engine's first sleep (16 s). benchmarks/gpu_full_size_bench.py --part off-policy times both.
-H200_OFF_POLICY_RELEASE = Figure(round(0.48 * 58.17 / 13.5, 1), "s",
-                                 f"{_J1}, {_J2}, {_R}gpu_full_size_off_policy_warm_h200.json",
-                                 "the off-policy engine's release, scaled from the base engine's later sleeps by weight"
-                                 " bytes (not measured)")
+# On a GPU the off-policy model's engine runs in a process of its own (eps_screen.generation.engine_process: vLLM's
+# sleep acts on every engine of a process), ended once the job's answer sets are made. Beyond the engine's start, that
+# process costs its imports (torch, vLLM: the job's process has its own) and its end; measured only on the 2-core CPU
+# sandbox with the tiny model (benchmarks/engine_process_bench.py: 9.7-9.8 s and 3.0-3.2 s). Until then the estimate
+# counted that engine's first sleep before training, 69 s, scaled from the base engine's 16 s by weight bytes.
+H200_OFF_POLICY_PROCESS = Figure(13, "s", _R + "engine_process_cpu.json",
+                                 "the off-policy engine's own process: its imports and its end, measured on the CPU"
+                                 " sandbox with the tiny model (not on a GPU)")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -595,14 +593,14 @@ def estimate(config: ScreenConfig) -> Estimate:
     off_start = H200_OFF_POLICY_START_WARM if config.execution.engine_cache_dir else H200_OFF_POLICY_START_COLD
     if off_starts:
         figures["off-policy engine start"] = off_start
-        figures["off-policy engine release"] = H200_OFF_POLICY_RELEASE
+        figures["off-policy engine process"] = H200_OFF_POLICY_PROCESS
         notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
                      " counted as all needing it)")
         weights_gb = 2 * (model_params(config.off_policy.model) or FULL_SIZE_OFF_POLICY_PARAMS) / 1e9
         notes.append(f"not counted: fetching the off-policy model's ~{weights_gb:.0f} GB of weights in each of those"
                      f" {off_starts} jobs (its measured start made random weights on the GPU; the assumed pod start"
                      " covers the base model's download only; with a network volume they come from HF_HOME there)")
-    off_job_s = off_start.value + H200_OFF_POLICY_RELEASE.value  # what a job pays for starting that engine
+    off_job_s = off_start.value + H200_OFF_POLICY_PROCESS.value  # what a job pays for starting that engine
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
         once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (
             H200_OFF_POLICY_START_COLD.value - H200_OFF_POLICY_START_WARM.value if off_starts else 0)

