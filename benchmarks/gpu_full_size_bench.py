@@ -114,13 +114,7 @@ def panel_prompts(config, a: int, b: int) -> list:
 
 
 def measure(engine, prompts, params, adapter) -> dict:
-    before = engine.stats["generated_tokens"]
-    t = time.perf_counter()
-    engine.generate(prompts, params, adapter)
-    seconds = time.perf_counter() - t
-    tokens = engine.stats["generated_tokens"] - before
-    return {"requests": len(prompts) * params.samples, "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds}
+    return measure_many(engine, [(prompts, adapter)], [params])
 
 
 def generate(args, config, conditions: list[tuple[int, int]], result: dict, path: Path, tmp: Path) -> None:
@@ -183,14 +177,14 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
 
 
 def measure_many(engine, sets, params) -> dict:
-    """A job's answer sets in one engine call, as pipeline.answer_sets sends them."""
+    """Sets of (prompts, adapter) in one engine call, one params each (as pipeline.answer_sets sends a job's)."""
     before = engine.stats["generated_tokens"]
     t = time.perf_counter()
     engine.generate_many(sets, params)
     seconds = time.perf_counter() - t
     tokens = engine.stats["generated_tokens"] - before
-    return {"requests": sum(len(p) for p, _ in sets), "sets": len(sets), "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds}
+    return {"requests": sum(len(p) * pp.samples for (p, _), pp in zip(sets, params, strict=True)), "sets": len(sets),
+            "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
 def leaving(engine) -> dict:

@@ -362,21 +362,12 @@ def _evaluate_stage(config: ScreenConfig, trained: list[tuple], store: ResultSto
     """One multi-LoRA evaluation of a stage's adapters (`generate_many`), each cell scored and stored."""
     out = {}
     t = time.perf_counter()
-    recipes = [recipe(config, cell) for cell, *_ in trained]
-    prompt_sets = [data.eval_prompts(r) for r in recipes]
-    jobs = [([p for *_, p in prompts], str(store.cell_dir(config, cell) / "adapter"))
-            for (cell, *_), prompts in zip(trained, prompt_sets, strict=True)]
     # One engine serves every adapter of the stage: a factor on the base model or the decoding runs per cell instead.
-    params = [_eval_params(r.config, cell.seed) for (cell, *_), r in zip(trained, recipes, strict=True)]
-    engine = _engine_config(config)
-    gen = engines.generator(engine, engine.model.base, trains=True)
-    outputs = gen.generate_many(jobs, params)
+    tables = evaluate_many([(recipe(config, cell), cell.as_dict(), str(store.cell_dir(config, cell) / "adapter"),
+                             cell.seed) for cell, *_ in trained], trained[0][0].factors, trains=True)
     eval_s = time.perf_counter() - t
-    chars = [sum(len(s) for sampled in outs for s in sampled) for outs in outputs]
-    for (cell, cell_started, adapter, report, timings), prompts, outs, n in zip(trained, prompt_sets, outputs, chars,
-                                                                               strict=True):
-        answers = answers_table(cell.as_dict(), [(panel, persona, q) for panel, persona, q, _ in prompts], outs,
-                                recipe(config, cell).config.marker, cell.factors)
+    chars = [int(table["text"].str.len_chars().sum()) for table in tables]
+    for (cell, cell_started, adapter, report, timings), answers, n in zip(trained, tables, chars, strict=True):
         # One engine call evaluated the stage: each cell is charged its share of it, by the characters it generated.
         timings["eval_s"] = eval_s * n / max(1, sum(chars))
         timings["job_eval_s"] = eval_s

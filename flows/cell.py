@@ -1,11 +1,13 @@
 """One GPU job as its own flow run: the unit of work that the local-gpu and runpod-gpu pools execute.
 
 It runs its cells in one process, so the base model and the generation engine load once per job. First the
-answer sets of the job's regimes (one engine call per model; the off-policy model's engine is then released); then, with execution.job_eval = per_job (the default), every cell's training
-with the engine asleep (short cells together, in shared passes) and one multi-LoRA evaluation of all adapters
-(pipeline.run_job), or with per_cell each cell trained and evaluated in turn. Every cell is scored and written to the store as soon as its answers
-exist; a finished cell returns at once, so a resubmitted job redoes only what it had not finished. The return value is {cell id: the cell's summary}. On a GPU pool the
-screen also sends the pre-screen here, as the id "pre-screen": the base model is sampled on a GPU too.
+answer sets of the job's regimes (one engine call per model; the off-policy model's engine is then released);
+then, with execution.job_eval = per_job (the default), every cell's training with the engine asleep (short cells
+together, in shared passes) and one multi-LoRA evaluation of all adapters (pipeline.run_job), or with per_cell each
+cell trained and evaluated in turn. Every cell is scored and written to the store as soon as its answers exist; a
+finished cell returns at once, so a resubmitted job redoes only what it had not finished. The return value is
+{cell id: the cell's summary}. On a GPU pool the screen also sends the pre-screen here, as the id "pre-screen": the
+base model is sampled on a GPU too.
 """
 
 from __future__ import annotations
