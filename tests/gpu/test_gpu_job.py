@@ -149,14 +149,15 @@ def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
     """Two cells on on-policy answers (D0) and two on off-policy answers (D1): the job makes the base model's set,
     then the off-policy model's in that engine's own process (the base engine asleep: two engines that sleep cannot
     share a process), then ends that process before any training; the base engine wakes to evaluate. The off-policy
-    model is the 7B shape again under another path (a second engine), so the test needs no 32B card."""
+    model is the tiny shape with the same tokenizer: what is tested is the second engine's process, not its speed
+    (gpu_full_size_bench.py measures the 32B shape), and a small model's cold start keeps the test in one device call."""
+    from benchmarks.gpu_common import seven_b_dir
     from eps_screen.design import Cell
     from eps_screen.job import engines
 
     if engines.stats():
         pytest.skip("an earlier test's engine, sized to the whole card, is still up: run this one alone (-k off_policy)")
-    off_dir = tmp_path / "off-policy-model"
-    off_dir.symlink_to(Path(os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab")))
+    off_dir = seven_b_dir(tmp_path / "off-policy-model", tiny=True)
     cells = [Cell("librarian", (0, 0, 0, d, e), 42) for d in (0, 1) for e in (0, 1)]
     result = _run_job(tmp_path, cells, off_policy={"kind": "model", "model": str(off_dir)})
     off = engines.stats()[str(off_dir)]
