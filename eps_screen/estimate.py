@@ -170,12 +170,13 @@ H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm
                                     "the off-policy engine's start (the 32B shape), its compile cache warm")
 # On a GPU the off-policy model's engine runs in a process of its own (eps_screen.generation.engine_process: vLLM's
 # sleep acts on every engine of a process), ended once the job's answer sets are made. Beyond the engine's start, that
-# process costs its imports (torch, vLLM: the job's process has its own) and its end; measured only on the 2-core CPU
-# sandbox with the tiny model (benchmarks/engine_process_bench.py: 9.7-9.8 s and 3.0-3.2 s). Until then the estimate
-# counted that engine's first sleep before training, 69 s, scaled from the base engine's 16 s by weight bytes.
-H200_OFF_POLICY_PROCESS = Figure(13, "s", _R + "engine_process_cpu.json",
-                                 "the off-policy engine's own process: its imports and its end, measured on the CPU"
-                                 " sandbox with the tiny model (not on a GPU)")
+# process costs its start (spawning, importing torch and vLLM: the job's process has its own) and its end, measured on
+# the H200 by tests/gpu/test_gpu_engines.py: 22.1 s and 18.5 s, its engine filling the card (133 GiB given back at the
+# end). The CPU sandbox had said 13 s (benchmarks/engine_process_bench.py). Before it had its own process, that engine
+# would have slept in the job's process before training: 49.6 s for the 32B shape (gpu_full_size_bench.py's `leaving`).
+H200_OFF_POLICY_PROCESS = Figure(41, "s", _R + "gpu_engines_test_h200.json",
+                                 "the off-policy engine's own process: its start beyond the engine's (22 s) and its"
+                                 " end (19 s)")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")

@@ -538,3 +538,15 @@ def test_an_fp8_kv_cache_uses_its_measured_off_policy_figure_where_there_is_one(
             shipped.figures[f"off-policy answers {c} (vLLM, the 32B shape)"]
         assert any(n.startswith(f"off-policy answers {c}: an fp8 KV cache not measured") for n in faster.notes)
     assert faster.hours["regimes"] < shipped.hours["regimes"] and faster.hours["train"] == shipped.hours["train"]
+
+
+def test_the_off_policy_engines_own_process_costs_what_the_h200_measured():
+    import json
+
+    from eps_screen.estimate import H200_OFF_POLICY_PROCESS
+
+    result = json.loads((ROOT / H200_OFF_POLICY_PROCESS.source).read_text())
+    assert result["device"] == "NVIDIA H200" and result["child_exit_code"] == 0
+    (child,) = [s for ref, s in result["engines"].items() if ref.endswith("off-policy")]
+    measured = child["process_start_s"] - child["start_s"] + child["release_s"]  # beyond the engine's own start
+    assert H200_OFF_POLICY_PROCESS.value == round(measured)
