@@ -4,14 +4,18 @@ the process. On the CPU, with the tiny off-policy model."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 
 from eps_screen.generation import GenerationParams, Prompt
 from eps_screen.generation.backends import make_generator
 from eps_screen.generation.engine_process import ProcessGenerator
-from tests.conftest import tiny_config
+from tests.conftest import ROOT, tiny_config
 
 PROMPTS = [Prompt("You are a librarian.", "How do I store fresh herbs?"),
            Prompt(None, "Why is the sky blue? Answer in one sentence."),
@@ -53,3 +57,35 @@ def test_a_child_that_cannot_start_its_engine_says_why(tmp_path):
     empty.mkdir()
     with pytest.raises(RuntimeError, match=rf"(?s)engine process of {empty} failed:.*config.json"):
         ProcessGenerator("transformers", str(empty), config)
+
+
+def test_a_process_that_never_released_its_engine_still_exits(tmp_path):
+    """A job that fails between starting the off-policy engine and releasing it must still end: multiprocessing
+    joins the child at exit, and the child waits on a pipe the job holds (before the fix this process hung for good,
+    and on a local GPU it would have kept the card)."""
+    script = tmp_path / "leave_it_up.py"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from eps_screen.generation.engine_process import ProcessGenerator\n"
+        "from tests.conftest import tiny_config\n"
+        "if __name__ == '__main__':\n"
+        "    gen = ProcessGenerator('transformers', 'tiny-alt', tiny_config(Path(sys.argv[1])))\n"
+        "    print(gen.process.pid, flush=True)\n"
+        "    raise SystemExit('the job failed before releasing its engine')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The timeout only turns a hang into a failure; the script needs a fraction of it.
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "failed before releasing" in done.stderr, done.stderr[-2000:]
+    child = int(done.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the engine's process ended with the job's
+
+
+def test_an_engine_dropped_without_release_ends_its_process(tmp_path):
+    gen = ProcessGenerator("transformers", "tiny-alt", tiny_config(tmp_path))
+    process = gen.process
+    del gen
+    gc.collect()
+    assert not process.is_alive() and process.exitcode == 0

@@ -14,6 +14,7 @@ The child builds the same generator a process would build for itself (backends.m
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import time
 from collections.abc import Sequence
 
@@ -57,11 +58,16 @@ class ProcessGenerator:
         self.name = f"{backend} (own process)"
         self._conn, child = context.Pipe()
         started = time.perf_counter()
-        # Not a daemon: the engine may start processes of its own. It ends when the pipe closes, with this process.
+        # Not a daemon: the engine may start processes of its own. At this process's exit multiprocessing joins it,
+        # while it waits on a pipe this process still holds: a job that failed before releasing the engine would
+        # never exit (on a local GPU, holding the card; RunPod's worker ends the pod once the run is final). So a
+        # finalizer that runs before that join (exitpriority), or when this object is dropped, ends the child;
+        # close() is that finalizer.
         self.process = context.Process(target=_serve, args=(child, backend, model_ref, config),
                                        name=f"engine {model_ref}")
         self.process.start()
         child.close()
+        self._end = multiprocessing.util.Finalize(self, _end_child, args=(self._conn, self.process), exitpriority=10)
         self.stats: dict = {}
         self._reply()
         self.stats["process_start_s"] = time.perf_counter() - started
@@ -97,13 +103,18 @@ class ProcessGenerator:
         return True
 
     def close(self) -> None:
-        if self.process.is_alive():
-            try:
-                self._conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            self.process.join(120)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(10)
-        self._conn.close()
+        self._end()
+
+
+def _end_child(conn, process) -> None:
+    """Ask the child to end (its engine shuts down), and stop it if it does not."""
+    if process.is_alive():
+        try:
+            conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        process.join(120)
+    if process.is_alive():
+        process.terminate()
+        process.join(10)
+    conn.close()
