@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -44,14 +45,23 @@ def main() -> None:
             gen.release()
             s = gen.stats
             runs.append({"process_start_s": s["process_start_s"], "engine_start_s": s["start_s"],
-                         "overhead_s": s["process_start_s"] - s["start_s"], "release_s": s["release_s"]})
-            print(f"run {i + 1}: child ready in {s['process_start_s']:.1f} s, of which the engine's start "
-                  f"{s['start_s']:.1f} s: overhead {runs[-1]['overhead_s']:.1f} s; end {s['release_s']:.2f} s", flush=True)
+                         "overhead_s": s["process_start_s"] - s["start_s"], "release_s": s["release_s"],
+                         # the overhead's parts: spawning and unpickling, the backend's imports, the generator's
+                         # build around the engine (tokenizer, the GPU's free memory); the end's: the engine's
+                         # shutdown in the child, then the process's exit
+                         "spawn_s": s["process_start_s"] - s["child_import_s"] - s["child_build_s"],
+                         "import_s": s["child_import_s"], "build_beside_engine_s": s["child_build_s"] - s["start_s"],
+                         "shutdown_s": s["child_shutdown_s"], "exit_s": s["release_s"] - s["child_shutdown_s"]})
+            r = runs[-1]
+            print(f"run {i + 1}: child ready in {r['process_start_s']:.1f} s, of which the engine's start "
+                  f"{r['engine_start_s']:.1f} s: overhead {r['overhead_s']:.1f} s (spawn {r['spawn_s']:.1f}, imports "
+                  f"{r['import_s']:.1f}, build beside the engine {r['build_beside_engine_s']:.1f}); end "
+                  f"{r['release_s']:.2f} s (shutdown {r['shutdown_s']:.2f}, exit {r['exit_s']:.2f})", flush=True)
     device = "gpu" if torch.cuda.is_available() else "cpu"
     result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": platform.node(),
               "device": torch.cuda.get_device_name() if device == "gpu" else platform.processor() or "cpu",
               "torch": torch.__version__, "vllm": vllm.__version__, "model": args.model, "runs": runs}
-    out = ROOT / "benchmarks" / "results" / f"engine_process_{device}.json"
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / f"engine_process_{device}.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"written {out}")
 

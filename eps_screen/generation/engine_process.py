@@ -21,17 +21,30 @@ from collections.abc import Sequence
 from eps_screen.generation import GenerationParams, Prompt
 
 
+# What each backend's engine imports (vLLM's top level loads its engine lazily, at `from vllm import LLM`).
+_ENGINE_MODULES = {"vllm": ("vllm.entrypoints.llm", "vllm.lora.request"), "transformers": ("transformers", "peft")}
+
+
 def _serve(conn, backend: str, model_ref: str, config) -> None:
+    import importlib
     import traceback
 
-    from eps_screen.generation.backends import make_generator
-
+    began = time.perf_counter()
     try:
+        from eps_screen.generation.backends import make_generator, resolve_backend
+
+        # Imported here, apart from the engine's build, to time them: what the child's start costs beyond the
+        # engine's is the job's bill (41 s a job on the H200), and imports are the part that could start earlier.
+        for module in _ENGINE_MODULES[resolve_backend(backend)]:
+            importlib.import_module(module)
+        imported = time.perf_counter()
         gen = make_generator(backend, model_ref, config)
     except BaseException:  # noqa: BLE001 - the parent raises it with this traceback
         conn.send(("error", traceback.format_exc()))
         return
-    conn.send(("ok", None, dict(getattr(gen, "stats", {}))))
+    stats = {**getattr(gen, "stats", {}), "child_import_s": imported - began,
+             "child_build_s": time.perf_counter() - imported}
+    conn.send(("ok", None, stats))
     try:
         while True:
             try:
@@ -46,7 +59,12 @@ def _serve(conn, backend: str, model_ref: str, config) -> None:
             except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
     finally:
+        closing = time.perf_counter()
         gen.close()
+        try:
+            conn.send(("closed", time.perf_counter() - closing))  # the engine's shutdown, apart from the exit
+        except (BrokenPipeError, OSError):
+            pass
 
 
 class ProcessGenerator:
@@ -98,23 +116,30 @@ class ProcessGenerator:
     def release(self) -> bool:
         """End the engine's process: all its memory given back."""
         started = time.perf_counter()
-        self.close()
+        shutdown_s = self._end()
         self.stats["release_s"] = time.perf_counter() - started
+        if shutdown_s is not None:
+            self.stats["child_shutdown_s"] = shutdown_s
         return True
 
     def close(self) -> None:
         self._end()
 
 
-def _end_child(conn, process) -> None:
-    """Ask the child to end (its engine shuts down), and stop it if it does not."""
+def _end_child(conn, process) -> float | None:
+    """Ask the child to end (its engine shuts down), and stop it if it does not; returns the seconds its engine's
+    shutdown took, where it said."""
+    shutdown_s = None
     if process.is_alive():
         try:
             conn.send(None)
-        except (BrokenPipeError, OSError):
+            if conn.poll(120):
+                _, shutdown_s = conn.recv()
+        except (BrokenPipeError, EOFError, OSError):
             pass
         process.join(120)
     if process.is_alive():
         process.terminate()
         process.join(10)
     conn.close()
+    return shutdown_s
