@@ -35,7 +35,7 @@ def _serve(conn, backend: str, model_ref: str, config) -> None:
 
         # Imported here, apart from the engine's build, to time them: what the child's start costs beyond the
         # engine's is the job's bill (41 s a job on the H200), and imports are the part that could start earlier.
-        for module in _ENGINE_MODULES[resolve_backend(backend)]:
+        for module in _ENGINE_MODULES.get(resolve_backend(backend), ()):
             importlib.import_module(module)
         imported = time.perf_counter()
         gen = make_generator(backend, model_ref, config)
