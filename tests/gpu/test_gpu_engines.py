@@ -14,7 +14,6 @@ free memory at each step.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -33,7 +32,7 @@ def _free_gib() -> float:
 
 
 def test_the_off_policy_engine_runs_in_its_own_process_beside_the_sleeping_base_engine(tmp_path):
-    from benchmarks.gpu_common import job_config, seven_b_dir
+    from benchmarks.gpu_common import job_config, out_dir, seven_b_dir, write
     from eps_screen.generation import GenerationParams, Prompt
     from eps_screen.generation.engine_process import ProcessGenerator
     from eps_screen.job import engines
@@ -74,9 +73,7 @@ def test_the_off_policy_engine_runs_in_its_own_process_beside_the_sleeping_base_
               "child_exit_code": child.process.exitcode,
               "child_answers_equal": sum(a == b for a, b in zip(from_child, before)) / len(before),
               "answers_after_wake_equal": sum(a == b for a, b in zip(after, before)) / len(before)}
-    out = Path(os.environ.get("OUT") or "test-output")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_engines_test.json").write_text(json.dumps(result, indent=1, default=str))
+    write(out_dir("test-output") / "gpu_engines_test.json", result)
 
     assert child.process.exitcode == 0, result
     assert result["child_answers_equal"] == 1.0 and result["answers_after_wake_equal"] == 1.0, result

@@ -11,7 +11,6 @@ gpu_job_test_off_policy.json for a job that releases a second model's engine.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -113,9 +112,9 @@ class _Ballast:
 
 
 def _write(name: str, result: dict) -> None:
-    out = Path(os.environ.get("OUT") or "test-output")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(json.dumps(result, indent=1, default=str))
+    from benchmarks.gpu_common import out_dir, write
+
+    write(out_dir("test-output") / name, result)
 
 
 def test_cell_flow_runs_a_job_of_four_7b_cells_through_vllm(tmp_path):
