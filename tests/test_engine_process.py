@@ -93,3 +93,33 @@ def test_an_engine_dropped_without_release_ends_its_process(tmp_path):
     del gen
     gc.collect()
     assert not process.is_alive() and process.exitcode == 0
+
+
+def test_a_process_started_ahead_of_its_engine_imports_first_and_builds_when_asked(tmp_path, monkeypatch):
+    """A job starts the off-policy engine's process before the base engine works (engines.prepare): its imports
+    are done by the time the card is free, so building the engine waits for none of them; training leaves such a
+    process alone (it holds no engine yet), and one never built ends when closed."""
+    from eps_screen.job import engines
+
+    config = tiny_config(tmp_path, backend={"generation": "transformers", "training": "trl"})
+    for registry in ("_GENERATORS", "_PREPARED", "_RELEASED"):
+        monkeypatch.setattr(engines, registry, {})
+    monkeypatch.setattr(engines, "_own_process", lambda cfg, ref: ref == "tiny-alt")  # as on a GPU
+    engines.prepare(config, "tiny-alt")
+    child = engines._PREPARED[("transformers", "tiny-alt")]
+    assert not engines.stats() and not child.built
+    with engines.training():
+        pass
+    # The bound only turns a hang into a failure: the imports take seconds.
+    assert child.process.is_alive() and child.ready_to_build(timeout=600)
+    gen = engines.generator(config, "tiny-alt")
+    assert gen is child and child.built and not engines._PREPARED
+    assert child.stats["imports_waited_s"] == 0.0 and child.stats["child_import_s"] > 0
+    params = GenerationParams(max_new_tokens=6, temperature=1.0, samples=1, seed=3)
+    assert gen.generate(PROMPTS, params) == make_generator("transformers", "tiny-alt", config).generate(PROMPTS, params)
+    engines.release("tiny-alt")
+    assert child.process.exitcode == 0
+
+    never_built = ProcessGenerator("transformers", "tiny-alt", config, build=False)
+    never_built.close()
+    assert not never_built.process.is_alive() and never_built.process.exitcode == 0

@@ -142,10 +142,18 @@ def _answer_sets_together_and_alone(tmp_path, monkeypatch, backend, Engine, engi
         released.append((model_ref, len(calls)))
         real_release(model_ref)
 
+    prepared, real_prepare = [], engines.prepare
+
+    def prepare(config, model_ref):
+        prepared.append((model_ref.rsplit("/", 1)[-1], len(engines._GENERATORS)))
+        real_prepare(config, model_ref)
+
     monkeypatch.setattr(Engine, "generate_many", many)
     monkeypatch.setattr(engines, "release", release)
+    monkeypatch.setattr(engines, "prepare", prepare)
     store = ResultStore(tmp_path / "together", together_config.name)
     together = pipeline.answer_sets(together_config, regimes, store)
+    assert prepared == [("tiny-alt", 0)], "the off-policy engine's process starts before any engine works"
     assert [model.rsplit("/", 1)[-1] for model, _ in calls][-2:] == ["tiny", "tiny-alt"] and [n for _, n in calls] == [4, 4]
     assert released == [("tiny-alt", 2)], "the off-policy engine is released once its sets are made"
     assert list(together) == [r.id for r in regimes]

@@ -133,6 +133,8 @@ def test_generate_many_runs_jobs_with_their_own_prompts(setup):
     ({"vllm_cudagraph_max_batch": 256}, {"max_cudagraph_capture_size": 256}),
     ({"vllm_cudagraph_max_batch": None}, None),
     ({"vllm_enforce_eager": True}, None),
+    ({"vllm_cudagraph_specialize_lora": False}, {"max_cudagraph_capture_size": 1024, "cudagraph_specialize_lora": False}),
+    ({"vllm_cudagraph_specialize_lora": False, "vllm_cudagraph_max_batch": None}, {"cudagraph_specialize_lora": False}),
 ])
 def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size(eval_settings, want, monkeypatch):
     """On a GPU the engine gets CUDA graphs up to vllm_cudagraph_max_batch (vLLM alone stops at 512), with sleep mode;
@@ -149,6 +151,10 @@ def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size
     vllm_backend.VLLMGenerator("tiny", config)
     assert seen.get("compilation_config") == want
     assert seen["enable_sleep_mode"] is True and seen["gpu_memory_utilization"] == 0.5
+    seen.clear()
+    vllm_backend.VLLMGenerator("tiny", config.with_sets({"model.base": "tiny-alt"}))
+    # the off-policy model's engine serves no adapters: its graphs are never captured for them
+    assert "cudagraph_specialize_lora" not in (seen.get("compilation_config") or {})
 
 
 def test_only_the_base_models_engine_reserves_adapter_slots(monkeypatch):

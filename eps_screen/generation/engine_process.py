@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.util
+import os
 import time
 from collections.abc import Sequence
 
@@ -33,17 +34,23 @@ def _serve(conn, backend: str, model_ref: str, config) -> None:
     try:
         from eps_screen.generation.backends import make_generator, resolve_backend
 
-        # Imported here, apart from the engine's build, to time them: what the child's start costs beyond the
-        # engine's is the job's bill (41 s a job on the H200), and imports are the part that could start earlier.
+        # Imported before the word to build, apart from the engine's build: a job starts this process early
+        # (ProcessGenerator(build=False)), so its imports, most of what the child costs beyond its engine, overlap
+        # the job's other work; the engine itself is built once the card is free for it.
         for module in _ENGINE_MODULES.get(resolve_backend(backend), ()):
             importlib.import_module(module)
-        imported = time.perf_counter()
+        conn.send(("imported", time.perf_counter() - began))
+        try:
+            if conn.recv() is None:  # ended before it was built
+                return
+        except EOFError:
+            return
+        building = time.perf_counter()
         gen = make_generator(backend, model_ref, config)
     except BaseException:  # noqa: BLE001 - the parent raises it with this traceback
         conn.send(("error", traceback.format_exc()))
         return
-    stats = {**getattr(gen, "stats", {}), "child_import_s": imported - began,
-             "child_build_s": time.perf_counter() - imported}
+    stats = {**getattr(gen, "stats", {}), "child_build_s": time.perf_counter() - building}
     conn.send(("ok", None, stats))
     try:
         while True:
@@ -59,23 +66,35 @@ def _serve(conn, backend: str, model_ref: str, config) -> None:
             except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
     finally:
+        if getattr(gen, "engine_in_process", False):
+            # Every byte the engine holds is this process's: the exit gives it all back, so the engine's orderly
+            # shutdown and the interpreter's teardown would only keep the card idle longer (the job waits on them).
+            _send_quietly(conn, ("closed", 0.0))
+            os._exit(0)
         closing = time.perf_counter()
         gen.close()
-        try:
-            conn.send(("closed", time.perf_counter() - closing))  # the engine's shutdown, apart from the exit
-        except (BrokenPipeError, OSError):
-            pass
+        _send_quietly(conn, ("closed", time.perf_counter() - closing))  # the engine's shutdown, apart from the exit
+
+
+def _send_quietly(conn, message) -> None:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, OSError):
+        pass
 
 
 class ProcessGenerator:
-    """The Generator interface over an engine in a child process (spawned: the parent has CUDA and threads)."""
+    """The Generator interface over an engine in a child process (spawned: the parent has CUDA and threads).
 
-    def __init__(self, backend: str, model_ref: str, config):
+    `build=False` starts the process and its imports now and the engine at `build()` (or the first request): a job
+    spawns it before its other engine's work, and builds it once that engine sleeps."""
+
+    def __init__(self, backend: str, model_ref: str, config, *, build: bool = True):
         context = multiprocessing.get_context("spawn")
         self.model_ref = model_ref
         self.name = f"{backend} (own process)"
         self._conn, child = context.Pipe()
-        started = time.perf_counter()
+        self._spawned = time.perf_counter()
         # Not a daemon: the engine may start processes of its own. At this process's exit multiprocessing joins it,
         # while it waits on a pipe this process still holds: a job that failed before releasing the engine would
         # never exit (on a local GPU, holding the card; RunPod's worker ends the pod once the run is final). So a
@@ -87,8 +106,35 @@ class ProcessGenerator:
         child.close()
         self._end = multiprocessing.util.Finalize(self, _end_child, args=(self._conn, self.process), exitpriority=10)
         self.stats: dict = {}
+        self.built = self._imported = False
+        if build:
+            self.build()
+
+    def ready_to_build(self, timeout: float = 0.0) -> bool:
+        """Whether the child's imports are done (waiting up to timeout seconds); an error there is raised."""
+        if not self._imported and self._conn.poll(timeout):
+            self.stats["child_import_s"] = self._reply()
+            self._imported = True
+        return self._imported
+
+    def build(self) -> None:
+        """Build the engine; what the caller waits is process_start_s, of which imports_waited_s for the child's
+        imports (0 when they were done before)."""
+        if self.built:
+            return
+        started = time.perf_counter()
+        try:
+            self._conn.send("build")
+        except (BrokenPipeError, OSError):  # the child ended at its imports: its error waits in the pipe
+            pass
+        waited = 0.0
+        if not self._imported:
+            self.ready_to_build(timeout=None)
+            waited = time.perf_counter() - started
         self._reply()
-        self.stats["process_start_s"] = time.perf_counter() - started
+        self.built = True
+        self.stats.update(process_start_s=time.perf_counter() - started, imports_waited_s=waited,
+                          spawned_before_build_s=started - self._spawned)
 
     def _reply(self):
         try:
@@ -99,6 +145,8 @@ class ProcessGenerator:
                 from None
         if status == "error":
             raise RuntimeError(f"the engine process of {self.model_ref} failed:\n{rest[0]}")
+        if status == "imported":
+            return rest[0]
         out, stats = rest
         self.stats.update(stats)
         return out
@@ -110,6 +158,7 @@ class ProcessGenerator:
         return self.generate_many([(prompts, a) for a in adapters], params)
 
     def generate_many(self, jobs, params):
+        self.build()
         self._conn.send(([(list(prompts), adapter) for prompts, adapter in jobs], params))
         return self._reply()
 

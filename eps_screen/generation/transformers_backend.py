@@ -14,6 +14,7 @@ def chat_messages(prompt: Prompt) -> list[dict[str, str]]:
 
 class TransformersGenerator:
     name = "transformers"
+    engine_in_process = True  # nothing of it lives outside this process (engine_process ends such a child at once)
 
     def __init__(self, base, batch_size: int = 64, batch_prompt_tokens: int | None = None):
         self.base = base  # eps_screen.models.BaseModel

