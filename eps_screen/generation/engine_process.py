@@ -26,7 +26,7 @@ from eps_screen.generation import GenerationParams, Prompt
 _ENGINE_MODULES = {"vllm": ("vllm.entrypoints.llm", "vllm.lora.request"), "transformers": ("transformers", "peft")}
 
 
-def _serve(conn, backend: str, model_ref: str, config) -> None:
+def _serve(conn, backend: str, model_ref: str, config, quick_exit: bool) -> None:
     import importlib
     import traceback
 
@@ -66,7 +66,7 @@ def _serve(conn, backend: str, model_ref: str, config) -> None:
             except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
     finally:
-        if getattr(gen, "engine_in_process", False):
+        if quick_exit and getattr(gen, "engine_in_process", False):
             # Every byte the engine holds is this process's: the exit gives it all back, so the engine's orderly
             # shutdown and the interpreter's teardown would only keep the card idle longer (the job waits on them).
             _send_quietly(conn, ("closed", 0.0))
@@ -87,9 +87,10 @@ class ProcessGenerator:
     """The Generator interface over an engine in a child process (spawned: the parent has CUDA and threads).
 
     `build=False` starts the process and its imports now and the engine at `build()` (or the first request): a job
-    spawns it before its other engine's work, and builds it once that engine sleeps."""
+    spawns it before its other engine's work, and builds it once that engine sleeps. `quick_exit=False` shuts the
+    engine down in order before the child exits (its shutdown timed), as engines in other processes always are."""
 
-    def __init__(self, backend: str, model_ref: str, config, *, build: bool = True):
+    def __init__(self, backend: str, model_ref: str, config, *, build: bool = True, quick_exit: bool = True):
         context = multiprocessing.get_context("spawn")
         self.model_ref = model_ref
         self.name = f"{backend} (own process)"
@@ -100,7 +101,7 @@ class ProcessGenerator:
         # never exit (on a local GPU, holding the card; RunPod's worker ends the pod once the run is final). So a
         # finalizer that runs before that join (exitpriority), or when this object is dropped, ends the child;
         # close() is that finalizer.
-        self.process = context.Process(target=_serve, args=(child, backend, model_ref, config),
+        self.process = context.Process(target=_serve, args=(child, backend, model_ref, config, quick_exit),
                                        name=f"engine {model_ref}")
         self.process.start()
         child.close()
