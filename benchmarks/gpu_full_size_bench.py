@@ -173,9 +173,8 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
         print(f"together: {r['requests']} answers in one call, {r['tokens']} tokens in {r['seconds']:.1f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
         write(path, result)
-    if args.part == "off-policy":
-        result["leaving"] = leaving(engine)
-        print("leaving the card: " + ", ".join(f"{k} {v:.2f}" for k, v in result["leaving"].items()), flush=True)
+    result["leaving"] = leaving(engine)
+    print("leaving the card: " + ", ".join(f"{k} {v:.2f}" for k, v in result["leaving"].items()), flush=True)
     result["engine"] = {ref: dict(engine.stats)} if args.part == "off-policy" else engines.stats()
 
 
@@ -191,9 +190,10 @@ def measure_many(engine, sets, params) -> dict:
 
 
 def leaving(engine) -> dict:
-    """What the off-policy engine's leaving the card cost a job while it ran in the job's process: its first sleep
-    (weights to pinned host memory), then a wake; seconds, and GiB of device memory each frees (on a CPU both are
-    no-ops: zeros). A job now ends that engine's own process instead (benchmarks/engine_process_bench.py)."""
+    """What an engine's leaving the card for training costs a job: its first sleep (weights to pinned host memory,
+    as the base engine's before a job's first training), then a wake; seconds, and GiB of device memory each frees
+    (on a CPU both are no-ops: zeros). The off-policy engine's process now ends instead of sleeping
+    (benchmarks/engine_process_bench.py); its figures here are what the job paid before."""
     def free_gib() -> float:
         import torch
 
