@@ -144,6 +144,9 @@ FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"
              # off_policy.vllm_kv_cache_dtype fp8: A1B1 measured (the largest off-policy answer sets); the other
              # conditions keep the figure above, the slower one, noted
              "off-policy fp8": ("gpu_full_size_off_policy_fp8_h200.json",) * 2}
+# The vocabulary of the models behind FULL_SIZE's files: "tiny" (the tiny tokenizer's 2,048 tokens) or "full"
+# (Qwen2.5's 152,064, the tokenizer padded to it: gpu_full_size_bench.py --full-vocab).
+FULL_SIZE_VOCAB = "tiny"
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
 
 
@@ -408,6 +411,10 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
     if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                      f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")
+        if FULL_SIZE_VOCAB != "full":
+            notes.append("vLLM figures with the tiny tokenizer's 2,048-token vocabulary: Qwen2.5's 152,064 adds ~7% of"
+                         " the FLOPs (the LM head) and a sampler over 74x the logits, so the real model generates"
+                         " slower than counted (not measured)")
         if path == "merged":
             notes.append("merged adapters: not measured at full size (the LoRA figures times the 256-token ratio)")
     else:
