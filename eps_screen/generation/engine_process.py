@@ -163,14 +163,13 @@ class ProcessGenerator:
         self._conn.send(([(list(prompts), adapter) for prompts, adapter in jobs], params))
         return self._reply()
 
-    def release(self) -> bool:
+    def release(self) -> None:
         """End the engine's process: all its memory given back."""
         started = time.perf_counter()
         shutdown_s = self._end()
         self.stats["release_s"] = time.perf_counter() - started
         if shutdown_s is not None:
             self.stats["child_shutdown_s"] = shutdown_s
-        return True
 
     def close(self) -> None:
         self._end()
