@@ -87,11 +87,22 @@ STEPS_RESULT = "gpu_train_steps_h200.json"
 
 
 @cache
-def _result_runs(file: str) -> list | dict | None:
-    """The runs of a committed result file (benchmarks/results), read once per process; None where the file is not
-    there (an installed package without the repository's benchmarks)."""
+def _result(file: str) -> dict | None:
+    """A committed result file (benchmarks/results), read once per process; None where it is not there (an
+    installed package without the repository's benchmarks)."""
     path = Path(__file__).resolve().parents[1] / _R / file
-    return json.loads(path.read_text())["runs"] if path.is_file() else None
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _result_runs(file: str) -> list | dict | None:
+    return (_result(file) or {}).get("runs")
+
+
+def tiny_vocab_files(kinds: tuple[str, ...] = ("eval", "answers", "off-policy")) -> list[str]:
+    """FULL_SIZE's files of those kinds measured at the tiny tokenizer's 2,048-word vocabulary (gpu_full_size_bench.py
+    records "vocab" since it can keep Qwen2.5's; files from before are the tiny one's)."""
+    files = dict.fromkeys(f for kind in kinds for f in FULL_SIZE[kind])
+    return [f for f in files if (_result(f) or {}).get("vocab", "tinyvocab") != "fullvocab"]
 
 
 def measured_run(file: str, **match) -> dict | None:
@@ -136,17 +147,15 @@ H200_VLLM = {
 # answers forced to the estimate's 50 / 1,050 tokens, a cell's 2,500-answer panel through a random r=32 adapter
 # ("eval"), a regime's 600-answer set without one ("answers"), and the answer sets of a Qwen2.5-32B-shaped model
 # with random weights ("off-policy"). Where these files are present they replace the 256-token figures above.
-FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
-             "answers": ("gpu_full_size_b0_h200.json", "gpu_full_size_b1_h200.json"),
+_B1FV = "gpu_full_size_b1_fullvocab_h200.json"  # B1 at Qwen2.5's vocabulary (--full-vocab); B0 at the tiny one's
+FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", _B1FV),
+             "answers": ("gpu_full_size_b0_h200.json", _B1FV),
              # the off-policy engine as jobs build it since it serves no adapter (LoRA off: no faster, 2-13% slower
              # than with LoRA on, gpu_full_size_off_policy_h200.json; BENCHMARKS.md, "Generation at full size")
              "off-policy": ("gpu_full_size_off_policy_nolora_h200.json",) * 2,
              # off_policy.vllm_kv_cache_dtype fp8: A1B1 measured (the largest off-policy answer sets); the other
              # conditions keep the figure above, the slower one, noted
              "off-policy fp8": ("gpu_full_size_off_policy_fp8_h200.json",) * 2}
-# The vocabulary of the models behind FULL_SIZE's files: "tiny" (the tiny tokenizer's 2,048 tokens) or "full"
-# (Qwen2.5's 152,064, the tokenizer padded to it: gpu_full_size_bench.py --full-vocab).
-FULL_SIZE_VOCAB = "tiny"
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
 
 
@@ -163,8 +172,12 @@ def full_size(kind: str, condition: str) -> Figure | None:
 
 H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile caches (torch.compile, CUDA graphs to 1,024)")
 H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
-H200_FIRST_SLEEP = Figure(16, "s", f"{_JTG}, {_JT}, {_J1}",
-                          "an engine's first sleep (10-16 s, 16 with CUDA graphs to 1,024); later ones 0.4 s, waking 0.6 s")
+# An engine's first sleep copies its weights into freshly pinned host memory: 10-16 s in the GPU job tests (16 with
+# CUDA graphs to 1,024), one block at a time; since jobs pin host memory in threads (job.engines.pin_host_memory_in_threads)
+# the full-size 7B engine's first sleep took 5.0 s (Qwen2.5's vocabulary, 14.2 GiB). Later sleeps 0.4 s, waking 0.6-0.8 s.
+H200_FIRST_SLEEP = Figure(5, "s", _R + _B1FV,
+                          "an engine's first sleep, host memory pinned in threads (16 s one block at a time); later ones"
+                          " 0.4 s, waking 0.8 s")
 # A job that makes off-policy answer sets starts a second engine, the off-policy model's (the 32B shape, LoRA off),
 # measured twice on one fresh machine: every cache empty, then with execution.engine_cache_dir as the first left it.
 H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_cold_h200.json",
@@ -173,13 +186,14 @@ H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm
                                     "the off-policy engine's start (the 32B shape), its compile cache warm")
 # On a GPU the off-policy model's engine runs in a process of its own (eps_screen.generation.engine_process: vLLM's
 # sleep acts on every engine of a process), ended once the job's answer sets are made. Beyond the engine's start, that
-# process costs its start (spawning, importing torch and vLLM: the job's process has its own) and its end, measured on
-# the H200 by tests/gpu/test_gpu_engines.py: 22.1 s and 18.5 s, its engine filling the card (133 GiB given back at the
-# end). The CPU sandbox had said 13 s (benchmarks/engine_process_bench.py). Before it had its own process, that engine
-# would have slept in the job's process before training: 49.6 s for the 32B shape (gpu_full_size_bench.py's `leaving`).
-H200_OFF_POLICY_PROCESS = Figure(41, "s", _R + "gpu_engines_test_h200.json",
-                                 "the off-policy engine's own process: its start beyond the engine's (22 s) and its"
-                                 " end (19 s)")
+# process cost 22.1 s to start (spawning, importing torch and vLLM) and 18.5 s to end on the H200
+# (gpu_engines_test_h200.json). Since it is started ahead (engines.prepare: its imports, 21.4 s there, run while the
+# base engine starts and generates) and ends at once (the driver takes its memory back with the process), the same
+# test measured 0.24 s and 0.37 s (tests/gpu/test_gpu_engines.py). Before it had its own process, that engine would
+# have slept in the job's process before training: 49.6 s for the 32B shape (gpu_full_size_bench.py's `leaving`).
+H200_OFF_POLICY_PROCESS = Figure(0.6, "s", _R + "gpu_engines_test_h200_ahead.json",
+                                 "the off-policy engine's own process, started ahead: its start beyond the engine's"
+                                 " (0.24 s, its imports hidden) and its end (0.37 s)")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -411,10 +425,11 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
     if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                      f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")
-        if FULL_SIZE_VOCAB != "full":
-            notes.append("vLLM figures with the tiny tokenizer's 2,048-token vocabulary: Qwen2.5's 152,064 adds ~7% of"
-                         " the FLOPs (the LM head) and a sampler over 74x the logits, so the real model generates"
-                         " slower than counted (not measured)")
+        tiny_vocab = tiny_vocab_files()
+        if tiny_vocab:
+            notes.append(f"vLLM figures of {', '.join(tiny_vocab)} with the tiny tokenizer's 2,048-token vocabulary:"
+                         " at Qwen2.5's 152,064 the B1 figures measured 3-6% slower (gpu_full_size_b1_fullvocab_h200.json),"
+                         " so these are a little faster than the real model")
         if path == "merged":
             notes.append("merged adapters: not measured at full size (the LoRA figures times the 256-token ratio)")
     else:

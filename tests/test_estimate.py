@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from eps_screen.config import load_config
@@ -186,14 +188,16 @@ def _unmeasured(est) -> list[str]:
     return [n for n in est.notes if "not measured" in n and "2,048-token vocabulary" not in n]
 
 
-def test_the_generation_figures_vocabulary_is_named(monkeypatch):
-    from eps_screen import estimate as est_module
+def test_the_generation_figures_vocabulary_is_named():
+    """B1's figures were measured at Qwen2.5's vocabulary, B0's and the off-policy model's at the tiny tokenizer's:
+    the note names those files, and only those."""
+    from eps_screen.estimate import FULL_SIZE, tiny_vocab_files
 
-    config = load_config(CONFIGS / "qwen7b.yaml")
-    for vocab, named in (("tiny", True), ("full", False)):
-        monkeypatch.setattr(est_module, "FULL_SIZE_VOCAB", vocab)
-        notes = estimate(config).notes
-        assert any("2,048-token vocabulary" in n and "slower than counted" in n for n in notes) is named, notes
+    notes = estimate(load_config(CONFIGS / "qwen7b.yaml")).notes
+    (note,) = [n for n in notes if "2,048-token vocabulary" in n]
+    assert tiny_vocab_files() == ["gpu_full_size_b0_h200.json", "gpu_full_size_off_policy_nolora_h200.json"]
+    assert all(f in note for f in tiny_vocab_files()) and FULL_SIZE["eval"][1] not in tiny_vocab_files()
+    assert json.loads((ROOT / "benchmarks/results" / FULL_SIZE["eval"][1]).read_text())["vocab"] == "fullvocab"
 
 
 def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
@@ -384,7 +388,7 @@ def test_the_pre_screen_job_pays_no_training_warm_up():
 
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
-    per_job = 268  # pod 180 + warm engine start 47 + first sleep 16 + compile warm-up 25
+    per_job = 257  # pod 180 + warm engine start 47 + first sleep 5 + compile warm-up 25
     off = off_policy_engine_starts(config) * (H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value)
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
     pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
@@ -426,7 +430,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
     # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
     n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
-    per_job = 268 + H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value
+    per_job = 257 + H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value
     regimes = 48  # the phase-1-2 answer sets: 18 more in phase 3 as their mean
     share = (len(est.job_hours[-1]) * per_job / 3600 + (est.hours["train"] + est.hours["eval"]) * n_multi / cells
              + est.hours["regimes"] * n_multi / (regimes + n_multi))
@@ -466,12 +470,12 @@ def _without_result(monkeypatch, name: str, file: str, *configs):
     from eps_screen import estimate as est_module
 
     monkeypatch.setattr(est_module, name, file)
-    est_module._result_runs.cache_clear()
+    est_module._result.cache_clear()
     try:
         return [estimate(c) for c in configs]
     finally:
         monkeypatch.undo()
-        est_module._result_runs.cache_clear()
+        est_module._result.cache_clear()
 
 
 def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio(monkeypatch):
@@ -565,4 +569,6 @@ def test_the_off_policy_engines_own_process_costs_what_the_h200_measured():
     assert result["device"] == "NVIDIA H200" and result["child_exit_code"] == 0
     (child,) = [s for ref, s in result["engines"].items() if ref.endswith("off-policy")]
     measured = child["process_start_s"] - child["start_s"] + child["release_s"]  # beyond the engine's own start
-    assert H200_OFF_POLICY_PROCESS.value == round(measured)
+    assert H200_OFF_POLICY_PROCESS.value == round(measured, 1)
+    # started ahead: the job waited for none of its imports
+    assert child["imports_waited_s"] < 0.1 and child["child_import_s"] > 10

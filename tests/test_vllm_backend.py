@@ -146,7 +146,7 @@ def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size
     seen: dict = {}
     monkeypatch.setattr(vllm, "LLM", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(vllm_backend, "_on_gpu", lambda: True)
-    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured: 0.5)
+    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured, vocab=None: 0.5)
     config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"}, "eval": eval_settings})
     vllm_backend.VLLMGenerator("tiny", config)
     assert seen.get("compilation_config") == want
@@ -186,7 +186,7 @@ def test_only_the_off_policy_engine_takes_an_fp8_kv_cache(monkeypatch):
     seen: list[dict] = []
     monkeypatch.setattr(vllm, "LLM", lambda **kwargs: seen.append(kwargs))
     monkeypatch.setattr(vllm_backend, "_on_gpu", lambda: True)
-    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured: 0.5)
+    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured, vocab=None: 0.5)
     config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"},
                            "off_policy": {"model": "tiny-alt", "vllm_kv_cache_dtype": "fp8"}})
     vllm_backend.VLLMGenerator("tiny", config)

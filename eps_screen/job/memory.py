@@ -54,7 +54,28 @@ ADAPTER_STATE_GIB_R32 = 1.2
 # H200 made an 80 GB card by a ballast process (BENCHMARKS.md, "An 80 GB card"). A card is judged on this figure.
 DEVICE_PER_ALLOCATED = 1.5
 MIN_KV_GIB = 8.0  # below this vLLM decodes too few sequences at once to be worth its start
-MARGIN_GIB = 3.0  # eps_screen.generation.vllm_backend.GPU_MARGIN_GIB
+MARGIN_GIB = 3.0  # left free beside training, and beside an engine of a small vocabulary (engine_margin_gib)
+# Beside a vLLM engine more must stay free than its own budget counts: vLLM 0.26 leaves its CUDA graphs (1.9 GiB at
+# graphs to 1,024) out of it, and at run time the sampler's buffers over the vocabulary (fp32 logits of up to 1,024
+# sequences and their copies) and the libraries' workspaces grow past what its profiling saw. Measured on the H200 with
+# the 7B shape beside its training base (benchmarks/gpu_full_size_bench.py --part b1): at the tiny tokenizer's 2,048
+# words 3 GiB was enough; at Qwen2.5's 152,064 it ran out of memory at the first long prefill
+# (gpu_full_size/b1_fullvocab_oom_margin3.log.gz) and ran with 13.3 GiB (gpu_full_size_b1_fullvocab_h200.json).
+# Between those two points the margin grows with the vocabulary, linearly: not measured in between.
+FULL_VOCAB = 152_064
+FULL_VOCAB_EXTRA_GIB = 10.0
+
+
+def engine_margin_gib(vocab: int | None) -> float:
+    """GiB to leave free beside a vLLM engine on a GPU, for a model of this vocabulary (None: unknown, the full
+    Qwen2.5 vocabulary's)."""
+    return MARGIN_GIB + FULL_VOCAB_EXTRA_GIB * min(1.0, (vocab or FULL_VOCAB) / FULL_VOCAB)
+
+
+def model_vocab(ref: str) -> int | None:
+    """A local model's vocabulary (its config.json), else None."""
+    cfg = Path(ref).expanduser() / "config.json"
+    return json.loads(cfg.read_text()).get("vocab_size") if cfg.is_file() else None
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -115,13 +136,14 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
         together = (weights + TOGETHER_GIB_PER_TOKEN * scale * pass_tokens
                     + cells * ADAPTER_STATE_GIB_R32 * config.lora.rank / 32 * scale + SLEEPING_ENGINE_GIB + MARGIN_GIB)
         train = max(train, together)
-    awake = AWAKE_OVERHEAD_GIB * scale + MIN_KV_GIB + MARGIN_GIB
+    awake = AWAKE_OVERHEAD_GIB * scale + MIN_KV_GIB + engine_margin_gib(model_vocab(config.model.base))
     off = None
     if config.off_policy.kind == "model" and config.off_policy.model and config.off_policy.model != "tiny-alt":
         off_params = model_params(config.off_policy.model)
         if off_params is not None:
             off_scale = off_params / REFERENCE_PARAMS
-            off = weights + off_params * BYTES[config.model.dtype] / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB + MARGIN_GIB
+            off = (weights + off_params * BYTES[config.model.dtype] / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB
+                   + engine_margin_gib(model_vocab(config.off_policy.model)))
     return MemoryPlan(weights, train, 2 * weights + awake, off)
 
 
