@@ -426,8 +426,9 @@ class EvalConfig(_Strict):
     vllm_max_cpu_loras: int | None = Field(None, ge=1, description="Adapters cached in CPU memory (default 2 x vllm_max_loras).")
     vllm_gpu_memory_utilization: float | None = Field(
         None, gt=0, le=0.98,
-        description="Share of the GPU the vLLM engine may hold; None = what is free when it starts, less 3 GiB (the "
-        "training base is loaded first, so the two share the card).")
+        description="Share of the GPU the vLLM engine may hold; None = what is free when it starts, less a margin that"
+        " grows with the model's vocabulary (3 GiB at 2,048 words, 13 at Qwen2.5's 152,064: less ran out of memory on"
+        " the H200). The training base is loaded first, so the two share the card.")
     vllm_merge_adapter: bool = Field(
         False,
         description="GPU, vLLM: evaluate a cell by merging its adapter into the engine's weights for the call (base-model"
