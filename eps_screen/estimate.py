@@ -231,7 +231,8 @@ class Estimate:
             gpus = f"{self.gpus_at_once} GPU{'s' * (self.gpus_at_once != 1)}"
             out.append(f"wall clock: {self.wall_hours:.1f} h with {gpus} at once (execution.max_parallel_cells;"
                        " the phases in turn, start-ups included)")
-        out += [f"  {name}: {f['value']:,.0f} {f['unit']} ({f['source']}{'; ' + f['note'] if f['note'] else ''})"
+        out += [f"  {name}: {f['value']:,.{0 if f['value'] >= 10 else 1}f} {f['unit']} ({f['source']}"
+                f"{'; ' + f['note'] if f['note'] else ''})"
                 for name, f in self.figures.items()]
         out += [f"  note: {n}" for n in self.notes]
         return out
