@@ -34,10 +34,9 @@ def _run(i: int, mode: str, s: dict) -> dict:
     """One child's figures: the overhead beyond the engine's start that the job waits for, and its parts (spawning
     and unpickling, the backend's imports, the build around the engine); the end (the engine's shutdown in the
     child where it shuts down in order, then the process's exit)."""
-    waited_imports = s["imports_waited_s"] if mode.startswith("ahead") else s["child_import_s"]
     r = {"run": i, "mode": mode, "process_start_s": s["process_start_s"], "engine_start_s": s["start_s"],
          "overhead_s": s["process_start_s"] - s["start_s"], "release_s": s["release_s"],
-         "import_s": s["child_import_s"], "imports_waited_s": waited_imports,
+         "import_s": s["child_import_s"], "imports_waited_s": s["imports_waited_s"],
          "build_beside_engine_s": s["child_build_s"] - s["start_s"],
          "shutdown_s": s["child_shutdown_s"], "exit_s": s["release_s"] - s["child_shutdown_s"]}
     print(f"run {i}, {mode}: ready {r['process_start_s']:.1f} s after the word, the engine's start "
@@ -73,7 +72,6 @@ def main() -> None:
                     gen.build()
                 gen.release()
                 runs.append(_run(i + 1, mode, gen.stats))
-    device = "gpu" if torch.cuda.is_available() else "cpu"
     summary = {mode: {k: statistics.median(r[k] for r in runs if r["mode"] == mode)
                       for k in ("overhead_s", "release_s")} for mode in MODES}
     for mode, s in summary.items():

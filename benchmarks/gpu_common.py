@@ -71,7 +71,7 @@ def seven_b_dir(path: Path, tiny: bool = False, full_vocab: bool = False) -> Pat
     tok = AutoTokenizer.from_pretrained(tiny_model_path("tiny"))
     model = build_model(tiny=tiny, vocab=QWEN7B_SHAPE["vocab_size"] if full_vocab else None)
     if full_vocab:
-        tok.add_tokens([f"<|vocab {i}|>" for i in range(len(tok), model.config.vocab_size)])
+        pad_tokenizer(tok, model.config.vocab_size)
     else:
         model.resize_token_embeddings(len(tok))
         model.config.vocab_size = len(tok)
@@ -86,6 +86,11 @@ def seven_b_dir(path: Path, tiny: bool = False, full_vocab: bool = False) -> Pat
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return path
+
+
+def pad_tokenizer(tok, vocab: int) -> None:
+    """Added tokens up to `vocab` ids: a random model of that vocabulary samples every id, and each must decode."""
+    tok.add_tokens([f"<|vocab {i}|>" for i in range(len(tok), vocab)])
 
 
 def random_adapter(base, out_dir: Path, rank: int = 8, alpha: float = 16, std: float = 0.2, seed: int = 0) -> str:

@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_full_size_train as train  # noqa: E402
 from gpu_common import (  # noqa: E402
-    QWEN7B_SHAPE, add_engine_args, cache_files, environment, job_config, out_dir, random_adapter, seven_b_dir, write,
+    QWEN7B_SHAPE, add_engine_args, cache_files, environment, job_config, out_dir, pad_tokenizer, random_adapter,
+    seven_b_dir, write,
 )
 
 # Qwen2.5-32B-Instruct's shape (its config.json), the vocabulary cut to the tokenizer's as in seven_b_dir.
@@ -95,7 +96,7 @@ def off_policy_dir(path: Path, tiny: bool, full_vocab: bool = False) -> Path:
     tok = AutoTokenizer.from_pretrained(tiny_model_path("tiny"))
     shape = dict(TINY_SHAPE, num_hidden_layers=3) if tiny else QWEN32B_SHAPE
     if full_vocab:
-        tok.add_tokens([f"<|vocab {i}|>" for i in range(len(tok), QWEN7B_SHAPE["vocab_size"])])
+        pad_tokenizer(tok, QWEN7B_SHAPE["vocab_size"])
     Qwen2Config(**{**shape, "vocab_size": len(tok)}, eos_token_id=tok.eos_token_id,
                 bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id,
                 torch_dtype="bfloat16").save_pretrained(path)

@@ -179,25 +179,29 @@ def test_the_pre_screen_sends_every_condition_in_one_engine_call(tmp_path, monke
 def test_a_gpu_job_pins_host_memory_in_threads_before_it_loads_anything(tmp_path, monkeypatch):
     """An engine's first sleep pins its weights' copy in host memory: 17 s for the 7B one block at a time on the
     H200, 3.3 s registered after 16 threads touched the pages. PyTorch reads that setting once, at its first CUDA
-    allocation, so the job sets it when it first asks for an engine or the training base; a user's own stays."""
+    allocation, so the job sets it as it starts an engine or loads the training base; a user's own stays."""
     import eps_screen.models
 
     config = _config(tmp_path, "transformers", "per_job")
-    monkeypatch.setattr(engines, "_GENERATORS", {})
     monkeypatch.setattr(engines, "make_generator", lambda backend, ref, cfg: _Recorder([], ref))
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.setattr(eps_screen.models, "device", lambda: "cpu")
-    engines.generator(config, "base-model")
+
+    def start(model):  # an engine started anew, as a fresh job process starts its first
+        monkeypatch.setattr(engines, "_GENERATORS", {})
+        engines.generator(config, model)
+
+    start("base-model")
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ, "only a CUDA process pins memory"
     monkeypatch.setattr(eps_screen.models, "device", lambda: "cuda")
     monkeypatch.setattr(os, "cpu_count", lambda: 12)
-    engines.generator(config, "base-model")
+    start("base-model")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    engines.generator(config, "off-policy-model")
+    start("off-policy-model")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == ("expandable_segments:False,pinned_use_cuda_host_register:True,"
                                                      "pinned_num_register_threads:16")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "pinned_use_cuda_host_register:False")
-    engines.generator(config, "base-model")
+    start("base-model")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "pinned_use_cuda_host_register:False"

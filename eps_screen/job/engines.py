@@ -56,10 +56,10 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
     """The process's generator for (backend, model), the others asleep. `trains`: this process will train on
     config.model.base, so its weights are loaded first and the engine leaves room for them."""
     key = (config.backend.generation, model_ref)
-    pin_host_memory_in_threads()
     for other_key in [k for k in _GENERATORS if k != key]:
         _step_aside(other_key)
     if key not in _GENERATORS:
+        pin_host_memory_in_threads()
         if trains and not config.simulated:
             training_base(config)
         use_compile_caches(config)

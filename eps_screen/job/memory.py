@@ -72,18 +72,24 @@ def engine_margin_gib(vocab: int | None) -> float:
     return MARGIN_GIB + FULL_VOCAB_EXTRA_GIB * min(1.0, (vocab or FULL_VOCAB) / FULL_VOCAB)
 
 
-def model_vocab(ref: str) -> int | None:
-    """A local model's vocabulary (its config.json), else None."""
+def _local_config(ref: str) -> dict | None:
+    """A local model's config.json, else None."""
     cfg = Path(ref).expanduser() / "config.json"
-    return json.loads(cfg.read_text()).get("vocab_size") if cfg.is_file() else None
+    return json.loads(cfg.read_text()) if cfg.is_file() else None
+
+
+def model_vocab(ref: str) -> int | None:
+    """A local model's vocabulary, else None."""
+    return (_local_config(ref) or {}).get("vocab_size")
+
+
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def model_params(ref: str) -> float | None:
     """Parameters of a model: counted from a local config.json, else read from a name like 'Qwen2.5-7B'."""
-    cfg = Path(ref).expanduser() / "config.json"
-    if cfg.is_file():
-        c = json.loads(cfg.read_text())
+    c = _local_config(ref)
+    if c is not None:
         h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
         kv = h // c["num_attention_heads"] * c.get("num_key_value_heads", c["num_attention_heads"])
         per_layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"]
