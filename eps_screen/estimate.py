@@ -22,7 +22,7 @@ from eps_screen import design, wall_clock
 from eps_screen.config import ScreenConfig
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.memory import REFERENCE_PARAMS, model_params
-from eps_screen.job.training import most_together, trains_together
+from eps_screen.job.training import by_stage, most_together, stage_split, trains_together
 from eps_screen.phase_sizes import dispatch_groups, known_dispatches, multiseed_count
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD, sequence_tokens
 from eps_screen.training import speed_options, split_batch
@@ -157,6 +157,11 @@ FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", _B1FV),
              # conditions keep the figure above, the slower one, noted
              "off-policy fp8": ("gpu_full_size_off_policy_fp8_h200.json",) * 2}
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
+# A stage of a job's cells evaluated in one engine call (execution.job_eval per_job, pipeline through generate_many):
+# per B1 condition, one cell's panel and then n cells' panels (each its own random adapter) in one call, in one
+# engine (gpu_full_size_bench.py --eval-cells n, Qwen2.5's vocabulary). One cell's 2,500 answers fill the engine's
+# 1,024-sequence decode batch twice and leave its last wave part empty; n cells leave that once per call.
+STAGE_RESULTS = {"A0B1": "gpu_full_size_b1_stage_a0_h200.json", "A1B1": "gpu_full_size_b1_stage_a1_h200.json"}
 
 
 def full_size(kind: str, condition: str) -> Figure | None:
@@ -168,6 +173,58 @@ def full_size(kind: str, condition: str) -> Figure | None:
         return None
     return Figure(round(run["tokens_per_s"]), "tokens/s", _R + file,
                   f"{run['requests']:,} answers of {run['tokens'] // run['requests']:,} tokens")
+
+
+def stage_speedup(condition: str) -> tuple[int, float, str] | None:
+    """(n, tokens/s of n cells' panels in one call over one cell's, the result file) for a condition whose stage
+    was measured; None where it was not (or its file is not there)."""
+    file = STAGE_RESULTS.get(condition)
+    runs = (_result_runs(file) or {}) if file else {}
+    one = runs.get(f"{condition}:eval")
+    stage = max((k for k in runs if k.startswith(f"{condition}:eval-x")), key=lambda k: int(k.rsplit("x", 1)[1]),
+                default=None)
+    if not one or not stage:
+        return None
+    return int(stage.rsplit("x", 1)[1]), runs[stage]["tokens_per_s"] / one["tokens_per_s"], _R + file
+
+
+def stage_shares(config: ScreenConfig, n: int) -> dict[str, float]:
+    """Per A x B condition, the share of its cells that a GPU job evaluates in an engine call of at least `n`
+    adapters: the known dispatches' jobs as design.group_jobs forms them, each split into stages as
+    job.training.stages splits it (the A0B0 cells in their own stages where they train together). Empty where
+    jobs evaluate cell by cell (job.training.by_stage)."""
+    if not by_stage(config):
+        return {}
+    ex, together = config.execution, trains_together(config)
+    counts = {c: [0, 0] for c in CONDITIONS}
+    for cells in known_dispatches(config):
+        for job in design.group_jobs(config, [c.id for c in cells], ex.cells_per_job, ex.max_parallel_cells):
+            conds = [_cell_tokens(config, design.Cell.parse(c))[0] for c in job]
+            shared = [i for i, c in enumerate(conds) if c == "A0B0"] if together else []
+            for part, _ in stage_split([shared] if len(shared) > 1 else [], len(conds), ex.cells_per_stage):
+                for i in part:
+                    counts[conds[i]][len(part) >= n] += 1
+    return {c: big / (small + big) for c, (small, big) in counts.items() if small + big}
+
+
+def _with_stages(config: ScreenConfig, rate: Figure, condition: str, notes: list[str]) -> Figure:
+    """A condition's one-cell evaluation figure, for the share of its cells evaluated in calls of at least the
+    measured stage's n adapters, times the measured speed-up of n cells in one call (a call of more adapters is
+    counted at n's, one of fewer at one cell's: both the slower side)."""
+    measured = stage_speedup(condition)
+    if measured is None:
+        return rate
+    n, speedup, file = measured
+    share = stage_shares(config, n).get(condition, 0.0)
+    if not share:
+        return rate
+    value = rate.value / (share / speedup + 1 - share)
+    if share < 1:
+        notes.append(f"eval {condition}: {share:.0%} of its cells in engine calls of at least {n} adapters"
+                     f" (execution.cells_per_stage {config.execution.cells_per_stage}); the others at one cell's speed")
+    return Figure(round(value), rate.unit, f"{rate.source}, {file}",
+                  f"{rate.note}; x{speedup:.2f} for {n} cells' panels in one engine call"
+                  + ("" if share == 1 else f", {share:.0%} of its cells"))
 
 
 H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile caches (torch.compile, CUDA graphs to 1,024)")
@@ -411,7 +468,7 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
             gen[c] = Figure(round(full.value * ratio), full.unit, f"{full.source}, {H200_VLLM['merged'][a].source}",
                             f"the LoRA figure x{ratio:.2f}, merged over LoRA at 256-token answers")
         else:
-            gen[c] = full
+            gen[c] = _with_stages(config, full, c, notes)
         base[c] = full_size("answers", c) or H200_VLLM["base"][a]
         wants_fp8 = config.off_policy.kind == "model" and config.off_policy.vllm_kv_cache_dtype == "fp8"
         fp8 = full_size("off-policy fp8", c) if wants_fp8 else None

@@ -572,3 +572,27 @@ def test_the_off_policy_engines_own_process_costs_what_the_h200_measured():
     assert H200_OFF_POLICY_PROCESS.value == round(measured, 1)
     # started ahead: the job waited for none of its imports
     assert child["imports_waited_s"] < 0.1 and child["child_import_s"] > 10
+
+
+def _qwen_execution(**execution):
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    return config.model_copy(update={"execution": config.execution.model_copy(update=execution)})
+
+
+def test_a_jobs_evaluation_calls_are_its_stages_as_the_job_splits_them():
+    from eps_screen.estimate import stage_shares
+    from eps_screen.job.training import stage_split
+
+    # a group that shares passes splits into near-equal parts of at most 8, the other cells 8 at a time in order
+    assert stage_split([[0, 2, 4, 6, 8, 10, 12, 14, 16]], 18, 8) == [
+        ([0, 2, 4, 6], True), ([8, 10, 12, 14, 16], True), ([1, 3, 5, 7, 9, 11, 13, 15], False), ([17], False)]
+    config = _qwen_execution()
+    assert config.execution.cells_per_stage == 8
+    assert stage_shares(config, 1) == dict.fromkeys(("A0B0", "A1B0", "A0B1", "A1B1"), 1.0)
+    assert set(stage_shares(config, 2).values()) == {1.0}  # no job of qwen7b.yaml leaves a cell alone in a stage
+    nine = stage_shares(config, 9)  # no stage holds more than cells_per_stage
+    assert set(nine.values()) == {0.0}
+    three, eight = stage_shares(config, 3), stage_shares(config, 8)
+    assert all(eight[c] <= three[c] for c in three) and 0 < eight["A1B1"] < 1
+    assert set(stage_shares(_qwen_execution(cells_per_stage=1), 2).values()) == {0.0}
+    assert stage_shares(_qwen_execution(job_eval="per_cell"), 1) == {}  # each cell its own call

@@ -91,16 +91,23 @@ def stages(tokenizer, cells: list[CellTraining], size: int) -> list[Stage]:
 
     groups, recipes = plan(tokenizer, cells)
     out = []
+    for part, grouped in stage_split(groups, len(cells), size):
+        shares = grouped and len(part) > 1 and cells_per_pass([recipes[i] for i in part]) >= MIN_CELLS_PER_PASS
+        out.append(Stage(part, [list(range(len(part)))] if shares else [], [recipes[i] for i in part]))
+    return out
+
+
+def stage_split(groups: list[list[int]], n: int, size: int) -> list[tuple[list[int], bool]]:
+    """`n` cells' stages as (cell indices, whether they come from a group that shares passes): each group split
+    into near-equal parts of at most `size`, then the other cells in order, `size` at a time. The estimate counts
+    the engine calls of a job's evaluation from it."""
+    out = []
     for group in groups:
         parts = -(-len(group) // size)
-        for k in range(parts):
-            part = group[k * len(group) // parts:(k + 1) * len(group) // parts]
-            shares = len(part) > 1 and cells_per_pass([recipes[i] for i in part]) >= MIN_CELLS_PER_PASS
-            out.append(Stage(part, [list(range(len(part)))] if shares else [], [recipes[i] for i in part]))
+        out += [(group[k * len(group) // parts:(k + 1) * len(group) // parts], True) for k in range(parts)]
     grouped = {i for g in groups for i in g}
-    alone = [i for i in range(len(cells)) if i not in grouped]
-    out += [Stage(alone[k:k + size], [], [recipes[i] for i in alone[k:k + size]]) for k in range(0, len(alone), size)]
-    return out
+    alone = [i for i in range(n) if i not in grouped]
+    return out + [(alone[k:k + size], False) for k in range(0, len(alone), size)]
 
 
 def train_cells(base, cells: list[CellTraining], stage: Stage | None = None) -> list:
