@@ -299,6 +299,11 @@ def main() -> None:
     ap.add_argument("--engine-cache", default=os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
     ap.add_argument("--name", help="result file name (default: gpu_full_size_<part>_h200.json, _tiny.json with --tiny)")
     args = ap.parse_args()
+    from eps_screen.job import engines
+
+    # before anything here touches the GPU (environment() reads its properties), as a job sets it before it loads
+    # anything: PyTorch reads its allocator settings once
+    engines.pin_host_memory_in_threads()
     suffix = "fullvocab" if args.full_vocab else "tinyvocab"
     args.model_dir = args.model_dir or os.environ.get("EPS_GPU_MODEL_DIR", f"/tmp/eps-7b-{suffix}")
     args.off_policy_dir = args.off_policy_dir or ("/tmp/eps-32b-shape-fullvocab" if args.full_vocab else "/tmp/eps-32b-shape")
@@ -333,8 +338,6 @@ def main() -> None:
                               **(TINY_SECTIONS if args.tiny else {}))
 
         if args.part == "train":
-            from eps_screen.job import engines
-
             variants = {train.SHIPPED: {}} if args.baseline or not overrides else {}
             if overrides:
                 variants[",".join(args.set)] = overrides

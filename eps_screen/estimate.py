@@ -147,9 +147,9 @@ H200_VLLM = {
 # answers forced to the estimate's 50 / 1,050 tokens, a cell's 2,500-answer panel through a random r=32 adapter
 # ("eval"), a regime's 600-answer set without one ("answers"), and the answer sets of a Qwen2.5-32B-shaped model
 # with random weights ("off-policy"). Where these files are present they replace the 256-token figures above.
-_B1FV = "gpu_full_size_b1_fullvocab_h200.json"  # B1 at Qwen2.5's vocabulary (--full-vocab); B0 at the tiny one's
-FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", _B1FV),
-             "answers": ("gpu_full_size_b0_h200.json", _B1FV),
+_B0FV, _B1FV = "gpu_full_size_b0_fullvocab_h200.json", "gpu_full_size_b1_fullvocab_h200.json"  # Qwen2.5's vocabulary
+FULL_SIZE = {"eval": (_B0FV, _B1FV),
+             "answers": (_B0FV, _B1FV),
              # the off-policy engine as jobs build it since it serves no adapter (LoRA off: no faster, 2-13% slower
              # than with LoRA on, gpu_full_size_off_policy_h200.json; BENCHMARKS.md, "Generation at full size")
              "off-policy": ("gpu_full_size_off_policy_nolora_h200.json",) * 2,
@@ -159,9 +159,10 @@ FULL_SIZE = {"eval": ("gpu_full_size_b0_h200.json", _B1FV),
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
 # A stage of a job's cells evaluated in one engine call (execution.job_eval per_job, pipeline through generate_many):
 # per B1 condition, one cell's panel and then n cells' panels (each its own random adapter) in one call, in one
-# engine (gpu_full_size_bench.py --eval-cells n, Qwen2.5's vocabulary). One cell's 2,500 answers fill the engine's
-# 1,024-sequence decode batch twice and leave its last wave part empty; n cells leave that once per call.
-STAGE_RESULTS = {"A0B1": "gpu_full_size_b1_stage_a0_h200.json", "A1B1": "gpu_full_size_b1_stage_a1_h200.json"}
+# engine (gpu_full_size_bench.py --eval-cells n, Qwen2.5's vocabulary). One cell's 2,500 answers were thought to
+# leave the 1,024-sequence decode batch part empty at the end of each call; measured, two cells in a call gained 1.1%
+# on A1B1 (A0B1 not run: no device time left; it keeps its one-cell figure).
+STAGE_RESULTS = {"A1B1": "gpu_full_size_b1_stage_a1_h200.json"}
 
 
 def full_size(kind: str, condition: str) -> Figure | None:
@@ -231,10 +232,12 @@ H200_VLLM_START_COLD = Figure(241, "s", _LM, "engine start with empty compile ca
 H200_VLLM_START_WARM = Figure(47, "s", _LG, "engine start with its compile cache warm (CUDA graphs to 1,024)")
 # An engine's first sleep copies its weights into freshly pinned host memory: 10-16 s in the GPU job tests (16 with
 # CUDA graphs to 1,024), one block at a time; since jobs pin host memory in threads (job.engines.pin_host_memory_in_threads)
-# the full-size 7B engine's first sleep took 5.0 s (Qwen2.5's vocabulary, 14.2 GiB). Later sleeps 0.4 s, waking 0.6-0.8 s.
-H200_FIRST_SLEEP = Figure(5, "s", _R + _B1FV,
-                          "an engine's first sleep, host memory pinned in threads (16 s one block at a time); later ones"
-                          " 0.4 s, waking 0.8 s")
+# the full-size 7B engine's first sleep took 5.0 s once (gpu_full_size_b1_fullvocab_h200.json) and 12.5 s in the next
+# run of the same bench (that bench read the GPU's properties before the job's setting, which may have come too late
+# for PyTorch: the bench now sets it first). The slower counts until a run shows which. Later sleeps 0.4 s, waking 0.8 s.
+H200_FIRST_SLEEP = Figure(12.5, "s", _R + STAGE_RESULTS["A1B1"],
+                          "an engine's first sleep, host memory pinned in threads (16-17 s one block at a time; 5.0 s in"
+                          " an earlier run); later ones 0.4 s, waking 0.8 s")
 # A job that makes off-policy answer sets starts a second engine, the off-policy model's (the 32B shape, LoRA off),
 # measured twice on one fresh machine: every cache empty, then with execution.engine_cache_dir as the first left it.
 H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_cold_h200.json",
@@ -288,7 +291,7 @@ class Estimate:
             gpus = f"{self.gpus_at_once} GPU{'s' * (self.gpus_at_once != 1)}"
             out.append(f"wall clock: {self.wall_hours:.1f} h with {gpus} at once (execution.max_parallel_cells;"
                        " the phases in turn, start-ups included)")
-        out += [f"  {name}: {f['value']:,.{0 if f['value'] >= 10 else 1}f} {f['unit']} ({f['source']}"
+        out += [f"  {name}: {f['value']:,.{0 if f['value'] >= 100 or f['value'] == int(f['value']) else 1}f} {f['unit']} ({f['source']}"
                 f"{'; ' + f['note'] if f['note'] else ''})"
                 for name, f in self.figures.items()]
         out += [f"  note: {n}" for n in self.notes]
@@ -486,8 +489,9 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
         tiny_vocab = tiny_vocab_files()
         if tiny_vocab:
             notes.append(f"vLLM figures of {', '.join(tiny_vocab)} with the tiny tokenizer's 2,048-token vocabulary:"
-                         " at Qwen2.5's 152,064 the B1 figures measured 3-6% slower (gpu_full_size_b1_fullvocab_h200.json),"
-                         " so these are a little faster than the real model")
+                         " at Qwen2.5's 152,064 the 7B's LoRA figures measured 5-8% slower"
+                         f" ({FULL_SIZE['eval'][0]}, {FULL_SIZE['eval'][1]}), so these are a little faster than the"
+                         " real model")
         if path == "merged":
             notes.append("merged adapters: not measured at full size (the LoRA figures times the 256-token ratio)")
     else:

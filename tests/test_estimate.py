@@ -89,8 +89,9 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
         # the same start-up per job, and the off-policy engine's start in each job that makes off-policy answers
     assert _start_up_per_job(one_per_job, single) == pytest.approx(_start_up_per_job(config, batched))
     assert off_policy_engine_starts(one_per_job) > off_policy_engine_starts(config) > 0
-    # one cell per job trains alone: only the A0B0 cells, which share passes in bigger jobs, take longer
-    assert single.hours["train"] > batched.hours["train"] and single.hours["eval"] == batched.hours["eval"]
+    # one cell per job trains alone and is evaluated in a call of its own: the A0B0 cells, which share passes in
+    # bigger jobs, take longer, and the A1B1 cells, whose calls of several adapters were measured faster
+    assert single.hours["train"] > batched.hours["train"] and single.hours["eval"] > batched.hours["eval"]
     assert "train A0B0 (together)" not in single.figures
 
 
@@ -189,15 +190,16 @@ def _unmeasured(est) -> list[str]:
 
 
 def test_the_generation_figures_vocabulary_is_named():
-    """B1's figures were measured at Qwen2.5's vocabulary, B0's and the off-policy model's at the tiny tokenizer's:
-    the note names those files, and only those."""
+    """The 7B's figures were measured at Qwen2.5's vocabulary, the off-policy model's at the tiny tokenizer's: the
+    note names that file, and only that."""
     from eps_screen.estimate import FULL_SIZE, tiny_vocab_files
 
     notes = estimate(load_config(CONFIGS / "qwen7b.yaml")).notes
     (note,) = [n for n in notes if "2,048-token vocabulary" in n]
-    assert tiny_vocab_files() == ["gpu_full_size_b0_h200.json", "gpu_full_size_off_policy_nolora_h200.json"]
-    assert all(f in note for f in tiny_vocab_files()) and FULL_SIZE["eval"][1] not in tiny_vocab_files()
-    assert json.loads((ROOT / "benchmarks/results" / FULL_SIZE["eval"][1]).read_text())["vocab"] == "fullvocab"
+    assert tiny_vocab_files() == ["gpu_full_size_off_policy_nolora_h200.json"]
+    assert all(f in note for f in tiny_vocab_files())
+    for file in FULL_SIZE["eval"] + FULL_SIZE["answers"]:
+        assert json.loads((ROOT / "benchmarks/results" / file).read_text())["vocab"] == "fullvocab"
 
 
 def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
@@ -334,11 +336,13 @@ def test_generation_figures_are_the_full_size_measurements_of_each_condition(mon
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     est = estimate(config)
+    # each cell evaluated in an engine call of its own (a job's calls of several adapters: the next test)
+    alone = estimate(_qwen_execution(job_eval="per_cell"))
     for c in CONDITIONS:
         for name, kind, run in ((f"generate {c} (vLLM, lora adapter)", "eval", f"{c}:eval"),
                                 (f"answers {c} (vLLM, no adapter)", "answers", f"{c}:answers"),
                                 (f"off-policy answers {c} (vLLM, the 32B shape)", "off-policy", f"{c}:answers")):
-            fig = est.figures[name]
+            fig = (alone if kind == "eval" else est).figures[name]
             assert fig["source"].endswith(FULL_SIZE[kind][int(c[3])]), name
             measured = json.loads((ROOT / fig["source"]).read_text())["runs"][run]
             assert fig["value"] == round(measured["tokens_per_s"]), name
@@ -382,13 +386,21 @@ def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches(
     assert not any("micro-batches" in n for n in split.notes + whole.notes)
 
 
+def _per_job_start_up() -> float:
+    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_VLLM_START_WARM, POD_STARTUP_S
+
+    per_job = POD_STARTUP_S + H200_VLLM_START_WARM.value + H200_FIRST_SLEEP.value + H200_COMPILE_WARMUP_S.value
+    assert per_job == 264.5  # 180 + 47 + 12.5 + 25: the figures qwen7b.yaml's jobs pay
+    return per_job
+
+
 def test_the_pre_screen_job_pays_no_training_warm_up():
     from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_OFF_POLICY_PROCESS, \
         H200_OFF_POLICY_START_WARM, gpu_jobs, off_policy_engine_starts
 
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
-    per_job = 257  # pod 180 + warm engine start 47 + first sleep 5 + compile warm-up 25
+    per_job = _per_job_start_up()  # pod 180 + warm engine start 47 + first sleep 12.5 + compile warm-up 25
     off = off_policy_engine_starts(config) * (H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value)
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
     pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
@@ -430,7 +442,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
     # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
     n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
-    per_job = 257 + H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value
+    per_job = _per_job_start_up() + H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value
     regimes = 48  # the phase-1-2 answer sets: 18 more in phase 3 as their mean
     share = (len(est.job_hours[-1]) * per_job / 3600 + (est.hours["train"] + est.hours["eval"]) * n_multi / cells
              + est.hours["regimes"] * n_multi / (regimes + n_multi))
@@ -596,3 +608,31 @@ def test_a_jobs_evaluation_calls_are_its_stages_as_the_job_splits_them():
     assert all(eight[c] <= three[c] for c in three) and 0 < eight["A1B1"] < 1
     assert set(stage_shares(_qwen_execution(cells_per_stage=1), 2).values()) == {0.0}
     assert stage_shares(_qwen_execution(job_eval="per_cell"), 1) == {}  # each cell its own call
+
+
+def test_a_conditions_stage_of_adapters_in_one_call_counts_its_measured_speed_up_where_jobs_make_such_calls():
+    from eps_screen.estimate import FULL_SIZE, STAGE_RESULTS, stage_shares, stage_speedup
+
+    shipped, alone = estimate(_qwen_execution()), estimate(_qwen_execution(job_eval="per_cell"))
+    for condition, file in STAGE_RESULTS.items():
+        runs = json.loads((ROOT / "benchmarks/results" / file).read_text())["runs"]
+        n, speedup, source = stage_speedup(condition)
+        assert runs[f"{condition}:eval-x{n}"]["requests"] == n * runs[f"{condition}:eval"]["requests"]
+        assert speedup == runs[f"{condition}:eval-x{n}"]["tokens_per_s"] / runs[f"{condition}:eval"]["tokens_per_s"]
+        name = f"generate {condition} (vLLM, lora adapter)"
+        one = alone.figures[name]
+        assert one["source"].endswith(FULL_SIZE["eval"][int(condition[3])]) and source.endswith(file)
+        share = stage_shares(_qwen_execution(), n)[condition]
+        assert share == 1.0  # every A1B1 cell of qwen7b.yaml is evaluated in a call of at least n adapters
+        assert shipped.figures[name]["value"] == round(one["value"] * speedup)
+        assert shipped.figures[name]["source"].endswith(file)
+    # a condition whose stage was not measured keeps its one-cell figure
+    assert shipped.figures["generate A0B1 (vLLM, lora adapter)"] == alone.figures["generate A0B1 (vLLM, lora adapter)"]
+    assert shipped.hours["eval"] < alone.hours["eval"]
+
+
+def test_the_first_engine_sleep_is_the_measured_one():
+    from eps_screen.estimate import H200_FIRST_SLEEP
+
+    measured = json.loads((ROOT / H200_FIRST_SLEEP.source).read_text())["leaving"]["first_sleep_s"]
+    assert H200_FIRST_SLEEP.value == round(measured, 1)
