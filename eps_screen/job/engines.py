@@ -101,8 +101,9 @@ def pin_host_memory_in_threads() -> None:
     """Have PyTorch pin host memory by registering pages that several threads touched, not one cudaHostAlloc per
     block: a first engine sleep copies the weights into freshly pinned memory, 17 s for the 7B's 14.2 GiB one block at
     a time, 3.3 s with 16 threads (benchmarks/results/pinned_host_h200.json; the full-size engine's first sleep 5.0 s,
-    against 16 s before). PyTorch reads the setting at the process's first CUDA allocation, so this runs before the
-    job loads anything; a setting of the user's is kept."""
+    against 16 s before). PyTorch reads the setting once, when CUDA initialises (a query of the GPU's properties is
+    enough: benchmarks/results/pinned_host_order_h100.txt), so this runs before the job touches the GPU; a setting of
+    the user's is kept."""
     from eps_screen.models import device
 
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
