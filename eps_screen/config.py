@@ -87,6 +87,13 @@ class OffPolicyConfig(_Strict):
                     " many fit beside its weights. 'auto': the model's dtype. The answers differ in the low bits, so"
                     " it is part of the stored answer sets' key.",
     )
+    vllm_quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="kind=model, vLLM on a GPU: the off-policy engine's weights. 'fp8' quantizes them to 8 bits as"
+                    " the engine loads them (vLLM's dynamic FP8, H100/H200): half the weights' memory, room for"
+                    " more sequences at once, and faster matrix products, for answers from a slightly different"
+                    " model (part of the stored answer sets' key). 'none': the model's dtype.",
+    )
 
     @model_validator(mode="after")
     def _source_given(self) -> OffPolicyConfig:
@@ -110,9 +117,10 @@ class OffPolicyConfig(_Strict):
                 )
         elif self.base_url is not None or self.api_key_env is not None:
             raise ValueError("base_url and api_key_env apply to kind 'anthropic' or 'openai' only")
-        if self.kind != "model" and self.vllm_kv_cache_dtype != "auto":
-            raise ValueError(f"vllm_kv_cache_dtype applies to kind 'model' only (a local engine): remove it, or set"
-                             f" kind: model (it is {self.kind!r})")
+        for name, default in (("vllm_kv_cache_dtype", "auto"), ("vllm_quantization", "none")):
+            if self.kind != "model" and getattr(self, name) != default:
+                raise ValueError(f"{name} applies to kind 'model' only (a local engine): remove it, or set"
+                                 f" kind: model (it is {self.kind!r})")
         return self
 
     @property

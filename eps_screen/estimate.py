@@ -483,6 +483,9 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
         if off[c] and config.off_policy.kind == "model":
             label = "the 32B shape, fp8 KV cache" if fp8 else "the 32B shape"
             figures[f"off-policy answers {c} (vLLM, {label})"] = off[c]
+    if config.off_policy.kind == "model" and config.off_policy.vllm_quantization != "none":
+        notes.append(f"off-policy answers: {config.off_policy.vllm_quantization} weights (off_policy.vllm_quantization)"
+                     " not measured: the full-precision figures used (slower)")
     if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                      f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")

@@ -58,7 +58,7 @@ _SPEED_ONLY = {
 
 # Fields added after stores existed: at these values they stay out of the key, so a store's finished cells keep
 # the keys they were stored under.
-_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto"}}
+_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto", "vllm_quantization": "none"}}
 
 
 def _digest(payload: dict) -> str:

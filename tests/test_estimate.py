@@ -636,3 +636,12 @@ def test_the_first_engine_sleep_is_the_measured_one():
 
     measured = json.loads((ROOT / H200_FIRST_SLEEP.source).read_text())["leaving"]["first_sleep_s"]
     assert H200_FIRST_SLEEP.value == round(measured)
+
+
+def test_off_policy_weights_in_8_bits_are_named_unmeasured():
+    config = _qwen()
+    eight_bits = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_quantization": "fp8"})})
+    est, shipped = estimate(eight_bits), estimate(config)
+    assert any(n.startswith("off-policy answers: fp8 weights (off_policy.vllm_quantization) not measured") for n in est.notes)
+    assert est.hours == shipped.hours  # counted at the measured full-precision figures until a run gives its own
+    assert not any("vllm_quantization" in n for n in shipped.notes)

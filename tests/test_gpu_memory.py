@@ -28,6 +28,12 @@ def test_each_gpu_type_that_a_stage_would_not_fit_is_named_with_its_fix():
     assert len(problems) == 2 and all("'NVIDIA A100-SXM4-80GB'" in p for p in problems)  # none of the H200
     assert all(p.startswith("execution.gpu_types:") for p in problems)
     assert "off-policy answers" in problems[1] and "off_policy.kind: jsonl" in problems[1]
+    # the 32B model's weights in 8 bits would fit the 80 GB card: named first, and with it that stage fits
+    assert "or off_policy.vllm_quantization: fp8 (its weights in 8 bits fit), or off_policy.kind" in problems[1]
+    eight_bits = qwen7b_config(execution={"gpu_types": eighty}, off_policy={"vllm_quantization": "fp8"})
+    assert not any("off-policy" in p for p in memory_problems(eight_bits))
+    assert memory_plan(eight_bits).offpolicy_min_gib == memory_plan(qwen7b_config()).offpolicy_min_gib - (
+        model_params("Qwen/Qwen2.5-32B-Instruct") / 2**30)
     jsonl = {"kind": "jsonl", "path": "answers.jsonl"}
     # training on the 80 GB card: refused with the largest micro-batch that fits, and that one is accepted
     (training,) = memory_problems(qwen7b_config(execution={"gpu_types": eighty}, off_policy=jsonl))

@@ -185,6 +185,9 @@ def test_hosted_config_is_checked_without_echoing_what_was_given():
     assert problems({"kind": "jsonl", "path": "a.jsonl", "vllm_kv_cache_dtype": "fp8"}) == [
         "off_policy: vllm_kv_cache_dtype applies to kind 'model' only (a local engine): remove it, or set kind: model"
         " (it is 'jsonl')"]
+    assert problems({"kind": "anthropic", "model": "m", "vllm_quantization": "fp8"}) == [
+        "off_policy: vllm_quantization applies to kind 'model' only (a local engine): remove it, or set kind: model"
+        " (it is 'anthropic')"]
     ok = parse_config({"off_policy": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:8000/v1/"}}).off_policy
     assert (ok.api_root, ok.key_env) == ("http://127.0.0.1:8000/v1", "OPENAI_API_KEY")
     assert parse_config({"off_policy": {"kind": "anthropic", "model": "claude-x"}}).off_policy.api_root == "https://api.anthropic.com"

@@ -43,6 +43,10 @@ def test_what_changes_the_answers_changes_the_keys():
     auto = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "auto"})
     assert regime_key(fp8, regime_of(fp8, CELL)) != regime_key(model, regime_of(model, CELL))
     assert cell_key(fp8, CELL) != cell_key(model, CELL) == cell_key(auto, CELL)
+    # so do its weights in 8 bits; 'none' (added later) keeps the key
+    eight_bits = qwen7b_config(off_policy={"vllm_quantization": "fp8"})
+    assert regime_key(eight_bits, regime_of(eight_bits, CELL)) != regime_key(model, regime_of(model, CELL))
+    assert cell_key(qwen7b_config(off_policy={"vllm_quantization": "none"}), CELL) == cell_key(model, CELL)
 
 
 def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):

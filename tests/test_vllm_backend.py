@@ -193,3 +193,9 @@ def test_only_the_off_policy_engine_takes_an_fp8_kv_cache(monkeypatch):
     vllm_backend.VLLMGenerator("tiny-alt", config)
     vllm_backend.VLLMGenerator("tiny-alt", config.with_sets({"off_policy.vllm_kv_cache_dtype": "auto"}))
     assert "kv_cache_dtype" not in seen[0] and seen[1]["kv_cache_dtype"] == "fp8" and "kv_cache_dtype" not in seen[2]
+    # and its weights in 8 bits (off_policy.vllm_quantization), the base model's never
+    eight_bits = config.with_sets({"off_policy.vllm_quantization": "fp8"})
+    vllm_backend.VLLMGenerator("tiny", eight_bits)
+    vllm_backend.VLLMGenerator("tiny-alt", eight_bits)
+    assert "quantization" not in seen[3] and seen[4]["quantization"] == "fp8"
+    assert not any("quantization" in kwargs for kwargs in seen[:3])

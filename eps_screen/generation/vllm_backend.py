@@ -129,8 +129,11 @@ class VLLMGenerator:
                     graphs["cudagraph_specialize_lora"] = False
                 if graphs:
                     kwargs["compilation_config"] = graphs
-            if not self.serves_adapters and config.off_policy.vllm_kv_cache_dtype != "auto":
-                kwargs["kv_cache_dtype"] = config.off_policy.vllm_kv_cache_dtype  # the off-policy model's engine
+            if not self.serves_adapters:  # the off-policy model's engine: the base model's answers are the study's
+                if config.off_policy.vllm_kv_cache_dtype != "auto":
+                    kwargs["kv_cache_dtype"] = config.off_policy.vllm_kv_cache_dtype
+                if config.off_policy.vllm_quantization != "none":
+                    kwargs["quantization"] = config.off_policy.vllm_quantization
         else:
             # A request whose prefill is split over steps has its sampled token discarded and its seeded generator
             # rewound, which the CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only.

@@ -148,7 +148,8 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
         off_params = model_params(config.off_policy.model)
         if off_params is not None:
             off_scale = off_params / REFERENCE_PARAMS
-            off = (weights + off_params * BYTES[config.model.dtype] / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB
+            off_bytes = 1 if config.off_policy.vllm_quantization == "fp8" else BYTES[config.model.dtype]
+            off = (weights + off_params * off_bytes / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB
                    + engine_margin_gib(model_vocab(config.off_policy.model)))
     return MemoryPlan(weights, train, 2 * weights + awake, off)
 
@@ -171,11 +172,21 @@ def memory_problems(config: ScreenConfig) -> list[str]:
                 tokens = batch_tokens_that_fit(config, GPU_MEMORY_GIB[gpu])
                 fix = (f"set training.max_batch_tokens to at most {tokens}" if tokens else
                        "a card with more memory (no micro-batch of a whole sequence fits)")
+            elif problem.startswith("off-policy"):
+                fix = f"{_off_policy_in_8_bits(config, gpu)}off_policy.kind: jsonl (answers from a file)"
             else:
-                fix = ("off_policy.kind: jsonl (answers from a file)" if problem.startswith("off-policy")
-                       else "a smaller model")
+                fix = "a smaller model"
             out.append(f"execution.gpu_types: {problem}: remove {gpu!r}, or {fix}")
     return out
+
+
+def _off_policy_in_8_bits(config: ScreenConfig, gpu: str) -> str:
+    """The fix of 8-bit weights for the off-policy engine, where that would fit `gpu`; else nothing."""
+    if config.off_policy.vllm_quantization != "none":
+        return ""
+    fp8 = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_quantization": "fp8"})})
+    fits = not any(p.startswith("off-policy") for p in memory_plan(fp8).problems(gpu))
+    return "off_policy.vllm_quantization: fp8 (its weights in 8 bits fit), or " if fits else ""
 
 
 def batch_tokens_that_fit(config: ScreenConfig, have_gib: float) -> int | None:
