@@ -455,6 +455,26 @@ def at_gpu_counts(config: ScreenConfig, counts: tuple[int, ...] = (1, 2, 4, 8)) 
     return out
 
 
+def off_policy_choices(config: ScreenConfig) -> dict[str, Estimate]:
+    """The estimate under the other ways of making the off-policy answer sets, so a user sees what each trade saves
+    before renting: the local model's engine with an 8-bit KV cache, and answers that cost no GPU time (a file, or a
+    hosted API as the original study used). Empty where the answers do not come from a local model's engine."""
+    op = config.off_policy
+    if op.kind != "model" or config.model.base.startswith("tiny"):
+        return {}
+
+    def with_off_policy(**fields) -> ScreenConfig:
+        return config.model_copy(update={"off_policy": op.model_copy(update=fields)})
+
+    out = {}
+    if op.vllm_kv_cache_dtype == "auto":
+        out["off_policy.vllm_kv_cache_dtype: fp8"] = estimate(with_off_policy(vllm_kv_cache_dtype="fp8"))
+    out["off_policy.kind: jsonl or a hosted API"] = estimate(
+        with_off_policy(kind="jsonl", path="answers.jsonl", model=None, vllm_kv_cache_dtype="auto",
+                        vllm_quantization="none"))
+    return out
+
+
 def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[dict, dict, dict | None]:
     """vLLM tokens/s per A x B condition: (evaluation through the cell's adapter, answer sets without one, the
     off-policy model's answer sets or None). Full-size figures where their files are there, else the 256-token

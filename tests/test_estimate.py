@@ -645,3 +645,32 @@ def test_off_policy_weights_in_8_bits_are_named_unmeasured():
     assert any(n.startswith("off-policy answers: fp8 weights (off_policy.vllm_quantization) not measured") for n in est.notes)
     assert est.hours == shipped.hours  # counted at the measured full-precision figures until a run gives its own
     assert not any("vllm_quantization" in n for n in shipped.notes)
+
+
+def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_the_screen(capsys):
+    from types import SimpleNamespace
+
+    from eps_screen.estimate import off_policy_choices
+    from flows.cli import validate
+
+    config = _qwen()
+    choices = off_policy_choices(config)
+    fp8, outside = choices["off_policy.vllm_kv_cache_dtype: fp8"], choices["off_policy.kind: jsonl or a hosted API"]
+    shipped = estimate(config)
+    # an 8-bit KV cache makes the 32B model's answer sets faster; a file or an API makes them cost no GPU time, and
+    # no job starts that engine; training and evaluation are the same either way
+    assert fp8.hours["regimes"] < shipped.hours["regimes"] and fp8.hours["startup"] == shipped.hours["startup"]
+    assert outside.hours["regimes"] < fp8.hours["regimes"] and outside.hours["startup"] < shipped.hours["startup"]
+    assert all(e.hours["train"] == shipped.hours["train"] and e.hours["eval"] == shipped.hours["eval"]
+               for e in choices.values())
+    assert validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml"))) == 0
+    (line,) = [s.strip() for s in capsys.readouterr().out.splitlines() if "other ways" in s]
+    assert line == ("off-policy answers, other ways: "
+                    f"off_policy.vllm_kv_cache_dtype: fp8 -> {fp8.gpu_hours:.1f} h GPU (answer sets {fp8.hours['regimes']:.2f}),"
+                    f" off_policy.kind: jsonl or a hosted API -> {outside.gpu_hours:.1f} h GPU (answer sets"
+                    f" {outside.hours['regimes']:.2f})")
+    # already fp8: only the outside way; answers from outside already, or the tiny model on the CPU: no line
+    kv8 = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_kv_cache_dtype": "fp8"})})
+    assert list(off_policy_choices(kv8)) == ["off_policy.kind: jsonl or a hosted API"]
+    jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
+    assert off_policy_choices(jsonl) == {} and off_policy_choices(load_config(CONFIGS / "tiny.yaml")) == {}

@@ -16,6 +16,8 @@ def run(args) -> int:
         print(f"  {line}")
         if line.startswith("wall clock:"):
             print(f"  {gpu_counts_line(config)}")
+            if (choices := off_policy_line(config)):
+                print(f"  {choices}")
     for line in plan.problems:
         print(f"error: {line}", file=sys.stderr)
     return 2 if plan.problems else 0
@@ -28,3 +30,14 @@ def gpu_counts_line(config) -> str:
 
     parts = [f"{n} -> {e.gpu_hours:.1f} h GPU / {e.wall_hours:.1f} h wall" for n, e in at_gpu_counts(config).items()]
     return f"GPUs at once: {', '.join(parts)} (each with the cells_per_job that gives it the fewest jobs)"
+
+
+def off_policy_line(config) -> str | None:
+    """What the off-policy answer sets' other ways would make the screen, where a local model's engine makes them."""
+    from eps_screen.estimate import off_policy_choices
+
+    choices = off_policy_choices(config)
+    if not choices:
+        return None
+    parts = [f"{what} -> {e.gpu_hours:.1f} h GPU (answer sets {e.hours['regimes']:.2f})" for what, e in choices.items()]
+    return f"off-policy answers, other ways: {', '.join(parts)}"
