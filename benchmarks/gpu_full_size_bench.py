@@ -166,9 +166,7 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     engine.generate(runs[0][1][:16], warm, adapter)  # the first request pays what the start left to it
     for run, prompts, b in runs:
         # an answer set asks one answer per prompt (a request of k samples is k prompts); the panel, eval.samples
-        samples = config.eval.samples if run.endswith("eval") else 1
-        params = GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
-                                  top_p=config.eval.top_p, samples=samples, seed=42)
+        params = answer_params(config, b, config.eval.samples if run.endswith("eval") else 1)
         result["runs"][run] = r = measure(engine, prompts, params, None if run.endswith("answers") else adapter)
         print(f"{run}: {r['requests']} answers, {r['tokens']} tokens in {r['seconds']:.1f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
@@ -178,8 +176,7 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
                    result, path)
     if args.together:
         sets = [(prompts, None) for _, prompts, _ in runs]
-        params = [GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
-                                   top_p=config.eval.top_p, samples=1, seed=42) for *_, b in runs]
+        params = [answer_params(config, b, 1) for *_, b in runs]
         result["runs"]["together:" + ",".join(run.split(":")[0] for run, *_ in runs)] = r = measure_many(engine, sets, params)
         print(f"together: {r['requests']} answers in one call, {r['tokens']} tokens in {r['seconds']:.1f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s", flush=True)
@@ -194,18 +191,23 @@ def eval_stage(n: int, engine, config, runs, adapter: str, base, tmp: Path, resu
     GPU job evaluates a stage of its cells (execution.cells_per_stage, `pipeline` through generate_many): what a
     call of n cells gains over one cell's call, whose last wave of the panel's requests leaves the decode batch
     part empty."""
-    from eps_screen.generation import GenerationParams
-    from eps_screen.sequence_lengths import ANSWER_TOKENS
-
     adapters = [adapter] + [random_adapter(base, tmp / f"adapter-{i}", config.lora.rank, config.lora.alpha,
                                            std=0.02, seed=i) for i in range(1, n)]
     for run, prompts, b in runs:
-        params = GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
-                                  top_p=config.eval.top_p, samples=config.eval.samples, seed=42)
+        params = answer_params(config, b, config.eval.samples)
         result["runs"][f"{run}-x{n}"] = r = measure_many(engine, [(prompts, a) for a in adapters], [params] * n)
         print(f"{run}-x{n}: {r['requests']} answers of {n} adapters in one call, {r['tokens']} tokens in "
               f"{r['seconds']:.1f} s = {r['tokens_per_s']:,.0f} tokens/s", flush=True)
         write(path, result)
+
+
+def answer_params(config, b: int, samples: int):
+    """The sampling of a run under B=b: the screen's temperature and top-p, answers of the estimate's length."""
+    from eps_screen.generation import GenerationParams
+    from eps_screen.sequence_lengths import ANSWER_TOKENS
+
+    return GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
+                            top_p=config.eval.top_p, samples=samples, seed=42)
 
 
 def measure_many(engine, sets, params) -> dict:

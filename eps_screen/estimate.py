@@ -182,11 +182,11 @@ def stage_speedup(condition: str) -> tuple[int, float, str] | None:
     file = STAGE_RESULTS.get(condition)
     runs = (_result_runs(file) or {}) if file else {}
     one = runs.get(f"{condition}:eval")
-    stage = max((k for k in runs if k.startswith(f"{condition}:eval-x")), key=lambda k: int(k.rsplit("x", 1)[1]),
-                default=None)
-    if not one or not stage:
+    stages = {int(k.rsplit("-x", 1)[1]): r for k, r in runs.items() if k.startswith(f"{condition}:eval-x")}
+    if not one or not stages:
         return None
-    return int(stage.rsplit("x", 1)[1]), runs[stage]["tokens_per_s"] / one["tokens_per_s"], _R + file
+    n = max(stages)
+    return n, stages[n]["tokens_per_s"] / one["tokens_per_s"], _R + file
 
 
 def stage_shares(config: ScreenConfig, n: int) -> dict[str, float]:
@@ -462,16 +462,12 @@ def off_policy_choices(config: ScreenConfig) -> dict[str, Estimate]:
     op = config.off_policy
     if op.kind != "model" or config.model.base.startswith("tiny"):
         return {}
-
-    def with_off_policy(**fields) -> ScreenConfig:
-        return config.model_copy(update={"off_policy": op.model_copy(update=fields)})
-
     out = {}
     if op.vllm_kv_cache_dtype == "auto":
-        out["off_policy.vllm_kv_cache_dtype: fp8"] = estimate(with_off_policy(vllm_kv_cache_dtype="fp8"))
-    out["off_policy.kind: jsonl or a hosted API"] = estimate(
-        with_off_policy(kind="jsonl", path="answers.jsonl", model=None, vllm_kv_cache_dtype="auto",
-                        vllm_quantization="none"))
+        out["off_policy.vllm_kv_cache_dtype: fp8"] = estimate(config.with_sets({"off_policy.vllm_kv_cache_dtype": "fp8"}))
+    outside = {"off_policy.kind": "jsonl", "off_policy.path": "answers.jsonl", "off_policy.model": None,
+               "off_policy.vllm_kv_cache_dtype": "auto", "off_policy.vllm_quantization": "none"}
+    out["off_policy.kind: jsonl or a hosted API"] = estimate(config.with_sets(outside))
     return out
 
 

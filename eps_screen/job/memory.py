@@ -184,7 +184,7 @@ def _off_policy_in_8_bits(config: ScreenConfig, gpu: str) -> str:
     """The fix of 8-bit weights for the off-policy engine, where that would fit `gpu`; else nothing."""
     if config.off_policy.vllm_quantization != "none":
         return ""
-    fp8 = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_quantization": "fp8"})})
+    fp8 = config.with_sets({"off_policy.vllm_quantization": "fp8"})
     fits = not any(p.startswith("off-policy") for p in memory_plan(fp8).problems(gpu))
     return "off_policy.vllm_quantization: fp8 (its weights in 8 bits fit), or " if fits else ""
 
