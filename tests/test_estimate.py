@@ -100,7 +100,7 @@ def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engin
     from eps_screen.estimate import off_policy_engine_starts
     from eps_screen.phase_sizes import known_dispatches
 
-    shipped = load_config(CONFIGS / "qwen7b.yaml")  # 4 GPUs, 22 cells a job (every GPU busy in every phase)
+    shipped = _four_gpus()
     config = _execution(shipped, min_cells_per_job=1)
     ex = config.execution
     smoke, slab = known_dispatches(config)
@@ -119,8 +119,10 @@ def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engin
     # smoke: 4 D1 cells in 2 of its 4 jobs; slab: its 44 off-policy cells in 2 of 4 (the smoke's regimes are made);
     # the 4 multi-seed jobs all counted
     assert off_policy_engine_starts(config) == 2 + 2 + 4
-    # as shipped, jobs of at least 9 cells: the smoke in 1 job, the multi-seed cells in 2
+    # jobs of at least 9 cells, as shipped: the smoke in 1 job, the multi-seed cells in 2
     assert off_policy_engine_starts(shipped) == 1 + 2 + 2
+    # as shipped, 2 GPUs and 44 cells a job: the slab's 44 off-policy cells in 1 of its 2 jobs
+    assert off_policy_engine_starts(load_config(CONFIGS / "qwen7b.yaml")) == 1 + 1 + 2
     est = estimate(config)
     # the off-policy engine's start as measured: warm with execution.engine_cache_dir (qwen7b.yaml), else cold
     assert est.figures["off-policy engine start"]["value"] == 41
@@ -158,6 +160,11 @@ def _execution(config, **values):
     return config.model_copy(update={"execution": config.execution.model_copy(update=values)})
 
 
+def _four_gpus():
+    """qwen7b.yaml on 4 GPUs at once with the fewest jobs for them (22 cells a job): every GPU busy in the slab."""
+    return _execution(load_config(CONFIGS / "qwen7b.yaml"), max_parallel_cells=4, cells_per_job=22)
+
+
 def test_cells_per_job_with_the_fewest_jobs_for_the_gpus():
     from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
 
@@ -190,16 +197,20 @@ def _unmeasured(est) -> list[str]:
 
 
 def test_the_generation_figures_vocabulary_is_named():
-    """The 7B's figures were measured at Qwen2.5's vocabulary, the off-policy model's at the tiny tokenizer's: the
-    note names that file, and only that."""
+    """Every vLLM figure of qwen7b.yaml's estimate was measured at Qwen2.5's vocabulary; the one file measured at the
+    tiny tokenizer's (an 8-bit KV cache beside bf16 weights, A1B1) is named in a note where a config uses it."""
     from eps_screen.estimate import FULL_SIZE, tiny_vocab_files
 
-    notes = estimate(load_config(CONFIGS / "qwen7b.yaml")).notes
-    (note,) = [n for n in notes if "2,048-token vocabulary" in n]
-    assert tiny_vocab_files() == ["gpu_full_size_off_policy_nolora_h200.json"]
-    assert all(f in note for f in tiny_vocab_files())
-    for file in FULL_SIZE["eval"] + FULL_SIZE["answers"]:
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    assert not [n for n in estimate(config).notes if "2,048-token vocabulary" in n]
+    full = ("eval", "answers", "off-policy", "off-policy fp8 weights", "off-policy fp8 weights+kv")
+    assert tiny_vocab_files(full) == []
+    for file in (f for kind in full for f in FULL_SIZE[kind]):
         assert json.loads((ROOT / "benchmarks/results" / file).read_text())["vocab"] == "fullvocab"
+    assert tiny_vocab_files(("off-policy fp8 kv",)) == ["gpu_full_size_off_policy_fp8_h200.json"]
+    kv8 = config.with_sets({"off_policy.vllm_quantization": "none", "off_policy.vllm_kv_cache_dtype": "fp8"})
+    (note,) = [n for n in estimate(kv8).notes if "2,048-token vocabulary" in n]
+    assert "gpu_full_size_off_policy_fp8_h200.json" in note
 
 
 def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
@@ -211,7 +222,7 @@ def test_qwen7b_from_measured_figures_fits_ten_h200_hours():
     # What the 32B model's engine needs that no measurement had (it made random weights) is named, not hidden.
     fetch = "not counted: fetching the off-policy model's ~6"
     assert not any(n.startswith(fetch) for n in est.notes)
-    assert any(n.startswith(fetch) and "each of those 5 jobs" in n for n in estimate(config).notes)
+    assert any(n.startswith(fetch) and "each of those 4 jobs" in n for n in estimate(config).notes)
 
 
 def test_gpu_types_without_a_measurement_are_named():
@@ -341,7 +352,8 @@ def test_generation_figures_are_the_full_size_measurements_of_each_condition(mon
     for c in CONDITIONS:
         for name, kind, run in ((f"generate {c} (vLLM, lora adapter)", "eval", f"{c}:eval"),
                                 (f"answers {c} (vLLM, no adapter)", "answers", f"{c}:answers"),
-                                (f"off-policy answers {c} (vLLM, the 32B shape)", "off-policy", f"{c}:answers")):
+                                (f"off-policy answers {c} (vLLM, the 32B shape, fp8 weights)", "off-policy fp8 weights",
+                                 f"{c}:answers")):
             fig = (alone if kind == "eval" else est).figures[name]
             assert fig["source"].endswith(FULL_SIZE[kind][int(c[3])]), name
             measured = json.loads((ROOT / fig["source"]).read_text())["runs"][run]
@@ -424,11 +436,12 @@ def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
     assert gpu_hours == sorted(gpu_hours) and len(set(gpu_hours)) == 4
     # one GPU runs every job in turn: the wall clock is the GPU-hours
     assert by_gpus[1].wall_hours == pytest.approx(by_gpus[1].gpu_hours)
-    # the shipped config (4 GPUs, 22 cells a job) is the 4-GPU row
+    # the shipped config (2 GPUs, 44 cells a job) is the 2-GPU row
     shipped = estimate(config)
-    assert shipped.gpus_at_once == 4 and shipped.wall_hours == pytest.approx(by_gpus[4].wall_hours)
+    assert shipped.gpus_at_once == 2 and shipped.wall_hours == pytest.approx(by_gpus[2].wall_hours)
+    assert shipped.gpu_hours == pytest.approx(by_gpus[2].gpu_hours)
     assert shipped.as_dict()["wall_hours"] == shipped.wall_hours
-    assert any(line.startswith(f"wall clock: {shipped.wall_hours:.1f} h with 4 GPUs at once") for line in shipped.lines())
+    assert any(line.startswith(f"wall clock: {shipped.wall_hours:.1f} h with 2 GPUs at once") for line in shipped.lines())
     assert estimate(load_config(CONFIGS / "tiny.yaml")).wall_hours is None  # in-process on the CPU
 
 
@@ -436,7 +449,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
     from eps_screen.estimate import H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM, gpu_jobs
     from eps_screen.phase_sizes import dispatch_groups
 
-    config = _qwen()
+    config = _four_gpus()
     est = estimate(config)
     assert [len(jobs) for jobs in est.job_hours] == [1, 1, 4, 2]  # the pre-screen, smoke, slab, multi-seed jobs
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
@@ -469,7 +482,7 @@ def test_validate_prints_the_wall_clock_and_what_other_gpu_counts_give(capsys):
     assert validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml"))) == 0
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     at = next(i for i, line in enumerate(lines) if line.startswith("estimate: "))
-    assert lines[at + 1].startswith(f"wall clock: {estimate(_qwen()).wall_hours:.1f} h with 4 GPUs at once")
+    assert lines[at + 1].startswith(f"wall clock: {estimate(_qwen()).wall_hours:.1f} h with 2 GPUs at once")
     counts = lines[at + 2]
     assert counts.startswith("GPUs at once: 1 -> ") and all(f", {n} -> " in counts for n in (2, 4, 8))
     assert " h GPU / " in counts and "fewest jobs" in counts
@@ -538,7 +551,7 @@ def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
     from eps_screen.estimate import gpu_jobs
     from eps_screen.phase_sizes import known_dispatches
 
-    shipped = load_config(CONFIGS / "qwen7b.yaml")
+    shipped = _four_gpus()
     assert shipped.execution.min_cells_per_job == 9
     every_gpu = _execution(shipped, min_cells_per_job=1)
     smoke, slab = known_dispatches(shipped)
@@ -553,23 +566,32 @@ def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
     assert fewer.hours["train"] == more.hours["train"], "the same cells, trained the same way"
 
 
-def test_an_fp8_kv_cache_uses_its_measured_off_policy_figure_where_there_is_one():
-    import json
-
-    from eps_screen.estimate import FULL_SIZE
+def test_each_off_policy_engine_setting_uses_its_measured_figures_and_names_where_it_falls_back():
+    from eps_screen.estimate import CONDITIONS, FULL_SIZE, OFF_POLICY_KINDS
 
     config = _qwen()
-    fp8 = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_kv_cache_dtype": "fp8"})})
-    shipped, faster = estimate(config), estimate(fp8)
-    runs = json.loads((ROOT / "benchmarks/results" / FULL_SIZE["off-policy fp8"][1]).read_text())["runs"]
-    a1b1 = faster.figures["off-policy answers A1B1 (vLLM, the 32B shape, fp8 KV cache)"]
-    assert a1b1["value"] == round(runs["A1B1:answers"]["tokens_per_s"])
-    assert a1b1["value"] > shipped.figures["off-policy answers A1B1 (vLLM, the 32B shape)"]["value"]
-    for c in ("A0B0", "A1B0", "A0B1"):  # not measured with fp8: the bf16 figure, said so
-        assert faster.figures[f"off-policy answers {c} (vLLM, the 32B shape)"] == \
-            shipped.figures[f"off-policy answers {c} (vLLM, the 32B shape)"]
-        assert any(n.startswith(f"off-policy answers {c}: an fp8 KV cache not measured") for n in faster.notes)
-    assert faster.hours["regimes"] < shipped.hours["regimes"] and faster.hours["train"] == shipped.hours["train"]
+    rates = {}
+    for (kv, weights), kind in OFF_POLICY_KINDS.items():
+        est = estimate(config.with_sets({"off_policy.vllm_kv_cache_dtype": kv, "off_policy.vllm_quantization": weights}))
+        figures = {name.split()[2]: f for name, f in est.figures.items() if name.startswith("off-policy answers")}
+        assert set(figures) == set(CONDITIONS)
+        for c in CONDITIONS:
+            runs = json.loads((ROOT / "benchmarks/results" / FULL_SIZE[kind][int(c[3])]).read_text())["runs"]
+            fell_back = [n for n in est.notes if n.startswith(f"off-policy answers {c}: ")]
+            if f"{c}:answers" in runs:  # measured under these settings: that figure, nothing to say
+                assert figures[c]["value"] == round(runs[f"{c}:answers"]["tokens_per_s"]) and not fell_back, (kind, c)
+                assert figures[c]["source"].endswith(FULL_SIZE[kind][int(c[3])])
+            else:  # the nearest measured settings (the KV cache's in bf16), slower, said so
+                (note,) = fell_back
+                assert note.startswith(f"off-policy answers {c}: an fp8 KV cache not measured there"), note
+                assert "(slower)" in note and not figures[c]["source"].endswith(FULL_SIZE[kind][int(c[3])])
+        rates[kv, weights] = {c: figures[c]["value"] for c in CONDITIONS}
+        assert not any("vllm_quantization" in n and "not measured" in n for n in est.notes)
+    # 8-bit weights and an 8-bit KV cache each make the long answer sets faster, both together the fastest
+    for c in ("A0B1", "A1B1"):
+        assert rates["auto", "none"][c] < rates["auto", "fp8"][c] < rates["fp8", "fp8"][c]
+        assert rates["auto", "none"][c] <= rates["fp8", "none"][c]
+    assert all(rates["auto", "none"][c] < rates["auto", "fp8"][c] for c in CONDITIONS)
 
 
 def test_the_off_policy_engines_own_process_costs_what_the_h200_measured():
@@ -638,13 +660,20 @@ def test_the_first_engine_sleep_is_the_measured_one():
     assert H200_FIRST_SLEEP.value == round(measured)
 
 
-def test_off_policy_weights_in_8_bits_are_named_unmeasured():
-    config = _qwen()
-    eight_bits = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_quantization": "fp8"})})
-    est, shipped = estimate(eight_bits), estimate(config)
-    assert any(n.startswith("off-policy answers: fp8 weights (off_policy.vllm_quantization) not measured") for n in est.notes)
-    assert est.hours == shipped.hours  # counted at the measured full-precision figures until a run gives its own
-    assert not any("vllm_quantization" in n for n in shipped.notes)
+def test_off_policy_weights_in_8_bits_shorten_the_answer_sets_and_nothing_else():
+    from eps_screen.estimate import H200_OFF_POLICY_START_COLD_FP8
+
+    shipped = _qwen()
+    assert shipped.off_policy.vllm_quantization == "fp8"
+    bf16 = shipped.with_sets({"off_policy.vllm_quantization": "none"})
+    est, full = estimate(shipped), estimate(bf16)
+    assert est.hours["regimes"] < full.hours["regimes"]
+    assert all(est.hours[k] == full.hours[k] for k in ("train", "eval", "pre_screen", "startup"))
+    # its start was measured cold only: the jobs count bf16's warm start, and say so
+    measured = json.loads((ROOT / H200_OFF_POLICY_START_COLD_FP8.source).read_text())["engine_start_s"]
+    assert H200_OFF_POLICY_START_COLD_FP8.value == round(measured)
+    assert any(n.startswith("the off-policy engine's start with fp8 weights measured cold only") for n in est.notes)
+    assert not any("fp8 weights measured cold" in n for n in full.notes)
 
 
 def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_the_screen(capsys):
@@ -655,10 +684,12 @@ def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_t
 
     config = _qwen()
     choices = off_policy_choices(config)
-    fp8, outside = choices["off_policy.vllm_kv_cache_dtype: fp8"], choices["off_policy.kind: jsonl or a hosted API"]
+    bf16, fp8 = choices["off_policy.vllm_quantization: none"], choices["off_policy.vllm_kv_cache_dtype: fp8"]
+    outside = choices["off_policy.kind: jsonl or a hosted API"]
     shipped = estimate(config)
-    # an 8-bit KV cache makes the 32B model's answer sets faster; a file or an API makes them cost no GPU time, and
-    # no job starts that engine; training and evaluation are the same either way
+    # bf16 weights make the 32B model's answer sets slower, an 8-bit KV cache faster; a file or an API makes them
+    # cost no GPU time, and no job starts that engine; training and evaluation are the same either way
+    assert bf16.hours["regimes"] > shipped.hours["regimes"] and bf16.hours["startup"] == shipped.hours["startup"]
     assert fp8.hours["regimes"] < shipped.hours["regimes"] and fp8.hours["startup"] == shipped.hours["startup"]
     assert outside.hours["regimes"] < fp8.hours["regimes"] and outside.hours["startup"] < shipped.hours["startup"]
     assert all(e.hours["train"] == shipped.hours["train"] and e.hours["eval"] == shipped.hours["eval"]
@@ -666,11 +697,16 @@ def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_t
     assert validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml"))) == 0
     (line,) = [s.strip() for s in capsys.readouterr().out.splitlines() if "other ways" in s]
     assert line == ("off-policy answers, other ways: "
+                    f"off_policy.vllm_quantization: none -> {bf16.gpu_hours:.1f} h GPU (answer sets {bf16.hours['regimes']:.2f}), "
                     f"off_policy.vllm_kv_cache_dtype: fp8 -> {fp8.gpu_hours:.1f} h GPU (answer sets {fp8.hours['regimes']:.2f}),"
                     f" off_policy.kind: jsonl or a hosted API -> {outside.gpu_hours:.1f} h GPU (answer sets"
                     f" {outside.hours['regimes']:.2f})")
-    # already fp8: only the outside way; answers from outside already, or the tiny model on the CPU: no line
-    kv8 = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"vllm_kv_cache_dtype": "fp8"})})
-    assert list(off_policy_choices(kv8)) == ["off_policy.kind: jsonl or a hosted API"]
+    # the KV cache already fp8: the weights' other precision and the outside way; bf16 weights offer 8-bit ones;
+    # answers from outside already, or the tiny model on the CPU: no line
+    kv8 = config.with_sets({"off_policy.vllm_kv_cache_dtype": "fp8"})
+    assert list(off_policy_choices(kv8)) == ["off_policy.vllm_quantization: none", "off_policy.kind: jsonl or a hosted API"]
+    back = off_policy_choices(config.with_sets({"off_policy.vllm_quantization": "none"}))
+    assert list(back)[0] == "off_policy.vllm_quantization: fp8"
+    assert back["off_policy.vllm_quantization: fp8"].gpu_hours == pytest.approx(shipped.gpu_hours)
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
     assert off_policy_choices(jsonl) == {} and off_policy_choices(load_config(CONFIGS / "tiny.yaml")) == {}

@@ -34,7 +34,9 @@ BEFORE = {
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_the_marker_screens_ids_regimes_and_store_keys_did_not_change(name):
-    config = load_config(CONFIGS / f"{name}.yaml")
+    # qwen7b.yaml's off-policy weights went to 8 bits later (2026-12-05), which changes its keys by design: the keys
+    # are checked at the settings they were computed with
+    config = load_config(CONFIGS / f"{name}.yaml").with_sets({"off_policy.vllm_quantization": "none"})
     for cid, (key, regime_id, rkey) in ((k, v) for k, v in BEFORE[name].items() if k != "pre"):
         cell = Cell.parse(cid)
         assert cell.id == cid and cell_key(config, cell) == key

@@ -38,15 +38,16 @@ def test_what_changes_the_answers_changes_the_keys():
     assert cell_key(merged, CELL) != cell_key(base, CELL)
     # the off-policy engine's 8-bit KV cache changes its answers in the low bits; at 'auto' (added later) the key
     # is the one stores already hold (tests/test_factors_config.py pins those)
-    model = qwen7b_config()
-    fp8 = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "fp8"})
-    auto = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "auto"})
+    model = qwen7b_config(off_policy={"vllm_quantization": "none"})  # the off-policy model's weights as it was built
+    fp8 = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "fp8", "vllm_quantization": "none"})
+    auto = qwen7b_config(off_policy={"vllm_kv_cache_dtype": "auto", "vllm_quantization": "none"})
     assert regime_key(fp8, regime_of(fp8, CELL)) != regime_key(model, regime_of(model, CELL))
     assert cell_key(fp8, CELL) != cell_key(model, CELL) == cell_key(auto, CELL)
     # so do its weights in 8 bits; 'none' (added later) keeps the key
     eight_bits = qwen7b_config(off_policy={"vllm_quantization": "fp8"})
     assert regime_key(eight_bits, regime_of(eight_bits, CELL)) != regime_key(model, regime_of(model, CELL))
     assert cell_key(qwen7b_config(off_policy={"vllm_quantization": "none"}), CELL) == cell_key(model, CELL)
+    assert cell_key(qwen7b_config(), CELL) == cell_key(eight_bits, CELL)  # as shipped: 8 bits
 
 
 def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
