@@ -60,13 +60,20 @@ def test_tiny_preset_costs_nothing():
     assert est.hardware == "CPU" and est.cost_usd == 0 and est.gpu_hours < 2
 
 
+def _off_policy_job_s() -> float:
+    """What a job that makes off-policy answer sets pays beyond the others: that engine's warm start, its process,
+    and the training base's moves to host memory and back around it."""
+    from eps_screen.estimate import H200_BASE_ASIDE, H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM
+
+    return H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value + H200_BASE_ASIDE.value
+
+
 def _start_up_per_job(config, est) -> float:
     """Seconds of start-up per cell job, less the off-policy engine's start in the jobs that make off-policy answers
     (the pre-screen's job, which trains nothing, counted with the warm-ups it skips)."""
-    from eps_screen.estimate import H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM, gpu_jobs, \
-        off_policy_engine_starts
+    from eps_screen.estimate import gpu_jobs, off_policy_engine_starts
 
-    off = off_policy_engine_starts(config) * (H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value)
+    off = off_policy_engine_starts(config) * _off_policy_job_s()
     skipped = sum(est.figures[k]["value"] for k in ("compile warm-up", "first engine sleep") if k in est.figures)
     return (est.hours["startup"] * 3600 - off + skipped) / gpu_jobs(config)
 
@@ -407,13 +414,12 @@ def _per_job_start_up() -> float:
 
 
 def test_the_pre_screen_job_pays_no_training_warm_up():
-    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_OFF_POLICY_PROCESS, \
-        H200_OFF_POLICY_START_WARM, gpu_jobs, off_policy_engine_starts
+    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, gpu_jobs, off_policy_engine_starts
 
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
     per_job = _per_job_start_up()
-    off = off_policy_engine_starts(config) * (H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value)
+    off = off_policy_engine_starts(config) * _off_policy_job_s()
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
     pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
     assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
@@ -446,7 +452,7 @@ def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
 
 
 def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
-    from eps_screen.estimate import H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM, gpu_jobs
+    from eps_screen.estimate import gpu_jobs
     from eps_screen.phase_sizes import dispatch_groups
 
     config = _four_gpus()
@@ -455,7 +461,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
     # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
     n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
-    per_job = _per_job_start_up() + H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value
+    per_job = _per_job_start_up() + _off_policy_job_s()
     regimes = 48  # the phase-1-2 answer sets: 18 more in phase 3 as their mean
     share = (len(est.job_hours[-1]) * per_job / 3600 + (est.hours["train"] + est.hours["eval"]) * n_multi / cells
              + est.hours["regimes"] * n_multi / (regimes + n_multi))

@@ -144,7 +144,8 @@ class VLLMGenerator:
         self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and self.serves_adapters
         self.model_config = config.model
         # What a job's timing breakdown needs of the engine: its start, each sleep and wake, tokens generated.
-        self.stats: dict = {"start_s": 0.0, "sleep_s": [], "wake_s": [], "generated_tokens": 0, "requests": 0}
+        self.stats: dict = {"start_s": 0.0, "sleep_s": [], "wake_s": [], "generated_tokens": 0, "requests": 0,
+                            "gpu_memory_share": kwargs.get("gpu_memory_utilization")}
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.stats["start_s"] = time.perf_counter() - started

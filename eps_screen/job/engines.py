@@ -8,6 +8,9 @@ job, not per cell. On a GPU the card is shared in time, and this module is the o
   block, and an engine wakes by itself at its next request;
 - asking for one model's engine puts the others to sleep first (the off-policy model and the base never hold
   the card together);
+- the off-policy model's engine has the card to itself: the training base, idle while a job makes its answer sets,
+  waits in pinned host memory (`models.bases_to_host`) and is back on the card before anything uses it (`load_base`),
+  so that engine's KV cache is as large as on a card of its own (~13 GiB more for the 7B base);
 - on a GPU the off-policy model's vLLM engine runs in a process of its own (generation.engine_process: vLLM's
   sleep acts on every engine of a process, so two that sleep cannot share one), and `release` ends that process
   once the job's answer sets are made: every byte of its memory given back, where a sleep would keep a copy of its
@@ -23,6 +26,7 @@ pod (a network volume): a job that finds them warm skips most of the engine's st
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +40,8 @@ _GENERATORS: dict[tuple[str, str], Generator] = {}
 _PREPARED: dict[tuple[str, str], Generator] = {}
 # Released engines, kept for their figures (stats).
 _RELEASED: dict[tuple[str, str], Generator] = {}
+# The training base's moves to host memory and back around the off-policy engine (stats).
+_BASE_MOVES: dict[str, list[float]] = {"to_host_s": [], "to_host_gib": [], "back_s": []}
 
 
 def _step_aside(key: tuple[str, str]) -> None:
@@ -58,6 +64,8 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
     key = (config.backend.generation, model_ref)
     for other_key in [k for k in _GENERATORS if k != key]:
         _step_aside(other_key)
+    if _own_process(config, model_ref):
+        _bases_to_host()
     if key not in _GENERATORS:
         pin_host_memory_in_threads()
         if trains and not config.simulated:
@@ -139,17 +147,34 @@ def stats() -> dict[str, dict]:
     """Each engine's start, sleep, wake and release times and generated tokens, by model (engines that keep them;
     a model's engine in use over one released before it)."""
     engines = {**_RELEASED, **_GENERATORS}
-    return {ref: dict(gen.stats) for (_, ref), gen in engines.items() if hasattr(gen, "stats")}
+    out = {ref: dict(gen.stats) for (_, ref), gen in engines.items() if hasattr(gen, "stats")}
+    if _BASE_MOVES["to_host_s"]:
+        out["training base"] = {k: list(v) for k, v in _BASE_MOVES.items()}
+    return out
 
 
 def training_base(config: ScreenConfig):
-    """The base model that LoRA training wraps (loaded once per process)."""
+    """The base model that LoRA training wraps (loaded once per process; on the card again if it was set aside)."""
     from eps_screen.models import load_base
 
     pin_host_memory_in_threads()
     use_compile_caches(config)
     m = config.model
-    return load_base(m.base, m.dtype, m.attn_implementation, m.revision)
+    started, aside = time.perf_counter(), len(_BASE_MOVES["to_host_s"]) > len(_BASE_MOVES["back_s"])
+    base = load_base(m.base, m.dtype, m.attn_implementation, m.revision)
+    if aside:
+        _BASE_MOVES["back_s"].append(time.perf_counter() - started)
+    return base
+
+
+def _bases_to_host() -> None:
+    from eps_screen.models import bases_to_host
+
+    started = time.perf_counter()
+    moved = bases_to_host()
+    if moved:
+        _BASE_MOVES["to_host_s"].append(time.perf_counter() - started)
+        _BASE_MOVES["to_host_gib"].append(moved / 2**30)
 
 
 @contextmanager

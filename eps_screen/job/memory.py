@@ -103,7 +103,7 @@ class MemoryPlan:
     weights_gib: float
     train_peak_gib: float  # training, engine asleep
     eval_min_gib: float  # base resident + awake engine with the smallest useful KV cache
-    offpolicy_min_gib: float | None  # the off-policy model's engine beside the resident base
+    offpolicy_min_gib: float | None  # the off-policy model's engine, the base's in host memory (engines.generator)
 
     @property
     def train_device_gib(self) -> float:
@@ -149,7 +149,7 @@ def memory_plan(config: ScreenConfig) -> MemoryPlan | None:
         if off_params is not None:
             off_scale = off_params / REFERENCE_PARAMS
             off_bytes = 1 if config.off_policy.vllm_quantization == "fp8" else BYTES[config.model.dtype]
-            off = (weights + off_params * off_bytes / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB
+            off = (SLEEPING_ENGINE_GIB + off_params * off_bytes / 2**30 + AWAKE_OVERHEAD_GIB * off_scale + MIN_KV_GIB
                    + engine_margin_gib(model_vocab(config.off_policy.model)))
     return MemoryPlan(weights, train, 2 * weights + awake, off)
 

@@ -165,6 +165,12 @@ def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
     assert off["release_s"] > 0 and off["process_start_s"] > off["start_s"] and not off["sleep_s"], off
     assert [key for key in engines._RELEASED] == [("vllm", str(off_dir))]
     assert result["engine"]["sleep_s"] and result["engine"]["wake_s"], result["engine"]
+    # the training base waited in host memory while the off-policy engine ran, so that engine was sized to the card
+    # less the sleeping base engine: more than the base engine, which the resident training base left less
+    moves = engines.stats()["training base"]
+    assert len(moves["to_host_s"]) == 1 == len(moves["back_s"]) and moves["to_host_gib"][0] > 10, moves
+    assert off["gpu_memory_share"] > result["engine"]["gpu_memory_share"] + 0.5 * moves["to_host_gib"][0] / (torch.cuda.mem_get_info()[1] / 2**30), (
+        off, result["engine"])
 
 
 def test_a_job_with_long_cells_fits_an_80gb_card(tmp_path):
