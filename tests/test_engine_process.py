@@ -123,3 +123,35 @@ def test_a_process_started_ahead_of_its_engine_imports_first_and_builds_when_ask
     never_built = ProcessGenerator("transformers", "tiny-alt", config, build=False)
     never_built.close()
     assert not never_built.process.is_alive() and never_built.process.exitcode == 0
+
+
+def test_an_engine_in_its_own_process_is_built_with_the_training_base_set_aside(tmp_path, monkeypatch):
+    """On a GPU the off-policy engine has the card to itself: the job asks for it with trains=True, as for the
+    base's engine, yet the loaded training base goes to host memory before that engine is built and nothing loads
+    it back until training asks (engines.generator). On the CPU nothing moves; the order is what is checked."""
+    from eps_screen import models
+    from eps_screen.job import engines
+
+    config = tiny_config(tmp_path, backend={"generation": "transformers", "training": "trl"})
+    for registry in ("_GENERATORS", "_PREPARED", "_RELEASED"):
+        monkeypatch.setattr(engines, registry, {})
+    monkeypatch.setattr(engines, "_own_process", lambda cfg, ref: ref == "tiny-alt")  # as on a GPU
+    events = []
+    to_host, training_base, build = models.bases_to_host, engines.training_base, ProcessGenerator.__init__
+    monkeypatch.setattr(models, "bases_to_host", lambda: events.append("to host") or to_host())
+    monkeypatch.setattr(engines, "training_base", lambda cfg: events.append("training base") or training_base(cfg))
+
+    def building(self, *args, **kwargs):
+        events.append("build")
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessGenerator, "__init__", building)
+    engines.generator(config, config.model.base, trains=True)
+    child = engines.generator(config, "tiny-alt", trains=True)
+    assert events == ["training base", "to host", "build"]
+    params = GenerationParams(max_new_tokens=4, temperature=1.0, samples=1, seed=3)
+    assert len(child.generate(PROMPTS, params)) == len(PROMPTS)
+    engines.release("tiny-alt")
+    assert child.process.exitcode == 0
+    assert engines.training_base(config).model is models.load_base(
+        config.model.base, config.model.dtype, config.model.attn_implementation, config.model.revision).model

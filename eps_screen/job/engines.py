@@ -60,21 +60,23 @@ def _step_aside(key: tuple[str, str]) -> None:
 
 def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> Generator:
     """The process's generator for (backend, model), the others asleep. `trains`: this process will train on
-    config.model.base, so its weights are loaded first and the engine leaves room for them."""
+    config.model.base, so its weights are loaded first and the engine leaves room for them; except an engine in a
+    process of its own, for which the loaded base goes to host memory instead (it is back when training asks)."""
     key = (config.backend.generation, model_ref)
     for other_key in [k for k in _GENERATORS if k != key]:
         _step_aside(other_key)
-    if _own_process(config, model_ref):
+    own = _own_process(config, model_ref)
+    if own:
         _bases_to_host()
     if key not in _GENERATORS:
         pin_host_memory_in_threads()
-        if trains and not config.simulated:
+        if trains and not config.simulated and not own:
             training_base(config)
         use_compile_caches(config)
         if key in _PREPARED:
             _GENERATORS[key] = _PREPARED.pop(key)
             _GENERATORS[key].build()
-        elif _own_process(config, model_ref):
+        elif own:
             from eps_screen.generation.engine_process import ProcessGenerator
 
             _GENERATORS[key] = ProcessGenerator(config.backend.generation, model_ref, config)
