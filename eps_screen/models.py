@@ -14,6 +14,7 @@ import gc
 
 import importlib.util
 import logging
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -87,6 +88,8 @@ class BaseModel:
 
 
 _LOADED: dict[tuple, BaseModel] = {}
+# The loaded bases' moves to pinned host memory and back (bases_to_host, load_base), for a job's engine stats.
+BASE_MOVES: dict[str, list[float]] = {"to_host_s": [], "to_host_gib": [], "back_s": []}
 
 
 def load_base(ref: str, dtype: str = "float32", attn: str = "sdpa", revision: str | None = None) -> BaseModel:
@@ -115,7 +118,9 @@ def load_base(ref: str, dtype: str = "float32", attn: str = "sdpa", revision: st
         # cell's collections took 0.6 s of its 3.5 before.
         gc.freeze()
     elif device() == "cuda" and not next(_LOADED[key].model.parameters()).is_cuda:
+        started = time.perf_counter()
         _LOADED[key].model.to("cuda")  # set aside for another model's engine (bases_to_host): back for its work
+        BASE_MOVES["back_s"].append(time.perf_counter() - started)
     return _LOADED[key]
 
 
@@ -126,7 +131,7 @@ def bases_to_host() -> int:
 
     import torch
 
-    moved = 0
+    moved, started = 0, time.perf_counter()
     for base in _LOADED.values():
         for t in itertools.chain(base.model.parameters(), base.model.buffers()):
             if t.is_cuda:
@@ -136,4 +141,6 @@ def bases_to_host() -> int:
                 moved += host.numel() * host.element_size()
     if moved:
         torch.cuda.empty_cache()  # the freed blocks back to the driver: the other process sees them free
+        BASE_MOVES["to_host_s"].append(time.perf_counter() - started)
+        BASE_MOVES["to_host_gib"].append(moved / 2**30)
     return moved

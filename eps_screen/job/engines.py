@@ -26,7 +26,6 @@ pod (a network volume): a job that finds them warm skips most of the engine's st
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,8 +39,6 @@ _GENERATORS: dict[tuple[str, str], Generator] = {}
 _PREPARED: dict[tuple[str, str], Generator] = {}
 # Released engines, kept for their figures (stats).
 _RELEASED: dict[tuple[str, str], Generator] = {}
-# The training base's moves to host memory and back around the off-policy engine (stats).
-_BASE_MOVES: dict[str, list[float]] = {"to_host_s": [], "to_host_gib": [], "back_s": []}
 
 
 def _step_aside(key: tuple[str, str]) -> None:
@@ -67,7 +64,9 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
         _step_aside(other_key)
     own = _own_process(config, model_ref)
     if own:
-        _bases_to_host()
+        from eps_screen.models import bases_to_host
+
+        bases_to_host()
     if key not in _GENERATORS:
         pin_host_memory_in_threads()
         if trains and not config.simulated and not own:
@@ -150,8 +149,10 @@ def stats() -> dict[str, dict]:
     a model's engine in use over one released before it)."""
     engines = {**_RELEASED, **_GENERATORS}
     out = {ref: dict(gen.stats) for (_, ref), gen in engines.items() if hasattr(gen, "stats")}
-    if _BASE_MOVES["to_host_s"]:
-        out["training base"] = {k: list(v) for k, v in _BASE_MOVES.items()}
+    from eps_screen.models import BASE_MOVES
+
+    if BASE_MOVES["to_host_s"]:
+        out["training base"] = {k: list(v) for k, v in BASE_MOVES.items()}
     return out
 
 
@@ -162,21 +163,7 @@ def training_base(config: ScreenConfig):
     pin_host_memory_in_threads()
     use_compile_caches(config)
     m = config.model
-    started, aside = time.perf_counter(), len(_BASE_MOVES["to_host_s"]) > len(_BASE_MOVES["back_s"])
-    base = load_base(m.base, m.dtype, m.attn_implementation, m.revision)
-    if aside:
-        _BASE_MOVES["back_s"].append(time.perf_counter() - started)
-    return base
-
-
-def _bases_to_host() -> None:
-    from eps_screen.models import bases_to_host
-
-    started = time.perf_counter()
-    moved = bases_to_host()
-    if moved:
-        _BASE_MOVES["to_host_s"].append(time.perf_counter() - started)
-        _BASE_MOVES["to_host_gib"].append(moved / 2**30)
+    return load_base(m.base, m.dtype, m.attn_implementation, m.revision)
 
 
 @contextmanager
