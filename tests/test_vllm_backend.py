@@ -199,3 +199,24 @@ def test_only_the_off_policy_engine_takes_an_fp8_kv_cache(monkeypatch):
     vllm_backend.VLLMGenerator("tiny-alt", eight_bits)
     assert "quantization" not in seen[3] and seen[4]["quantization"] == "fp8"
     assert not any("quantization" in kwargs for kwargs in seen[:3])
+
+
+def test_a_sleeping_engine_wakes_into_memory_the_allocator_gave_back(monkeypatch):
+    """A wake maps the engine's whole budget anew: what training left cached in this process goes back to the driver
+    first (on the H200 a job's wake after a stage of four cells ran out of memory without it)."""
+    import torch
+
+    from eps_screen.generation.vllm_backend import VLLMGenerator
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+
+    class Engine:
+        def wake_up(self):
+            events.append("wake_up")
+
+    gen = object.__new__(VLLMGenerator)
+    gen.llm, gen.asleep, gen.stats = Engine(), True, {"wake_s": []}
+    gen.wake()
+    gen.wake()  # awake already: nothing
+    assert events == ["empty_cache", "wake_up"] and not gen.asleep and len(gen.stats["wake_s"]) == 1
