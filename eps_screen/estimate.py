@@ -252,10 +252,13 @@ H200_OFF_POLICY_START_COLD = Figure(215, "s", _R + "gpu_full_size_off_policy_col
                                     "the off-policy engine's start (the 32B shape), compile and JIT caches empty")
 H200_OFF_POLICY_START_WARM = Figure(41, "s", _R + "gpu_full_size_off_policy_warm_h200.json",
                                     "the off-policy engine's start (the 32B shape), its compile cache warm")
-# With its weights in 8 bits (off_policy.vllm_quantization: fp8, quantized as vLLM loads them) only a cold start was
-# measured: no faster or slower than bf16's to the measurement's spread, so jobs count bf16's warm start for it.
-H200_OFF_POLICY_START_COLD_FP8 = Figure(207, "s", _R + "gpu_full_size_off_policy_fp8w_fullvocab_h200.json",
-                                        "the off-policy engine's start with fp8 weights, its compile cache cold")
+# With its weights in 8 bits (off_policy.vllm_quantization: fp8, quantized as vLLM loads them), measured the same way
+# (cold, then warm, on one machine, the 32B shape at Qwen2.5's vocabulary). The warm start is 15 s longer than bf16's:
+# the quantization on load (5.3 s), the FP8 kernels' graphs. An earlier cold start on another machine took 207 s.
+H200_OFF_POLICY_START_COLD_FP8 = Figure(264, "s", _R + "gpu_full_size_off_policy_fp8w_start_cold_h200.json",
+                                        "the off-policy engine's start with fp8 weights, compile and JIT caches empty")
+H200_OFF_POLICY_START_WARM_FP8 = Figure(56, "s", _R + "gpu_full_size_off_policy_fp8w_start_warm_h200.json",
+                                        "the off-policy engine's start with fp8 weights, its compile cache warm")
 # On a GPU the off-policy model's engine runs in a process of its own (eps_screen.generation.engine_process: vLLM's
 # sleep acts on every engine of a process), ended once the job's answer sets are made. Beyond the engine's start, that
 # process cost 22.1 s to start (spawning, importing torch and vLLM) and 18.5 s to end on the H200
@@ -267,11 +270,11 @@ H200_OFF_POLICY_PROCESS = Figure(0.6, "s", _R + "gpu_engines_test_h200_ahead.jso
                                  "the off-policy engine's own process, started ahead: its start beyond the engine's"
                                  " (0.24 s, its imports hidden) and its end (0.37 s)")
 # While the off-policy engine runs, the training base waits in pinned host memory (engines.generator), so that engine
-# has the card as gpu_full_size_bench.py gave it (the bench ran it alone: its figures are a job's only so). Not yet
-# timed; counted as what moving the same 13.5 GiB the same way costs the base engine: its first sleep and a wake.
-H200_BASE_ASIDE = Figure(5.8, "s", _R + _B1FV,
-                         "the training base to pinned host memory and back around the off-policy engine (not"
-                         " measured: the base engine's first sleep and a wake, the same bytes)")
+# has the card as gpu_full_size_bench.py gave it (the bench ran it alone: its figures are a job's only so). A job moves
+# it once each way: 4.50 s to host (the first move pins the memory; later ones 0.32 s) and 0.35 s back, 14.2 GiB.
+H200_BASE_ASIDE = Figure(4.9, "s", _R + "base_aside_h200.json",
+                         "the training base to pinned host memory and back around the off-policy engine (the first"
+                         " round: 4.50 s there, pinning; 0.35 s back)")
 # The tiny preset on this project's 2-core CPU sandbox (tiny.yaml sizes).
 CPU_TINY_TRAIN = Figure(4000, "tokens/s", _R + "cpu_backends.json", "train_lora, tiny.yaml cells")
 CPU_TINY_GENERATE = Figure(1600, "tokens/s", _R + "cpu_backends.json", "transformers or vLLM, tiny model, one slab")
@@ -725,7 +728,10 @@ def estimate(config: ScreenConfig) -> Estimate:
     prescreen_s = sum(prescreen_tokens[c] * tail / answer_rate[c].value for c in CONDITIONS)
     jobs = gpu_jobs(config, n_multi)
     off_starts = 0 if tiny or override or not vllm else off_policy_engine_starts(config, n_multi)
-    off_start = H200_OFF_POLICY_START_WARM if config.execution.engine_cache_dir else H200_OFF_POLICY_START_COLD
+    off_cold, off_warm = ((H200_OFF_POLICY_START_COLD_FP8, H200_OFF_POLICY_START_WARM_FP8)
+                          if config.off_policy.vllm_quantization == "fp8"
+                          else (H200_OFF_POLICY_START_COLD, H200_OFF_POLICY_START_WARM))
+    off_start = off_warm if config.execution.engine_cache_dir else off_cold
     if off_starts:
         figures["off-policy engine start"] = off_start
         figures["off-policy engine process"] = H200_OFF_POLICY_PROCESS
@@ -736,15 +742,11 @@ def estimate(config: ScreenConfig) -> Estimate:
         notes.append(f"not counted: fetching the off-policy model's ~{weights_gb:.0f} GB of weights in each of those"
                      f" {off_starts} jobs (its measured start made random weights on the GPU; the assumed pod start"
                      " covers the base model's download only; with a network volume they come from HF_HOME there)")
-        if config.off_policy.vllm_quantization == "fp8":
-            notes.append(f"the off-policy engine's start with fp8 weights measured cold only"
-                         f" ({H200_OFF_POLICY_START_COLD_FP8.value:.0f} s, {H200_OFF_POLICY_START_COLD.value:.0f} s in"
-                         f" bf16): counted as bf16's ({off_start.value:.0f} s)")
     # what a job pays for starting that engine
     off_job_s = off_start.value + H200_OFF_POLICY_PROCESS.value + H200_BASE_ASIDE.value
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
         once = H200_VLLM_START_COLD.value - H200_VLLM_START_WARM.value + (
-            H200_OFF_POLICY_START_COLD.value - H200_OFF_POLICY_START_WARM.value if off_starts else 0)
+            off_cold.value - off_warm.value if off_starts else 0)
         notes.append(f"engine starts counted warm (execution.engine_cache_dir); while that directory is still empty"
                      f" the first start of each engine compiles: about {once:.0f} s more, once")
     hours = {

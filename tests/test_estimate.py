@@ -60,12 +60,15 @@ def test_tiny_preset_costs_nothing():
     assert est.hardware == "CPU" and est.cost_usd == 0 and est.gpu_hours < 2
 
 
-def _off_policy_job_s() -> float:
-    """What a job that makes off-policy answer sets pays beyond the others: that engine's warm start, its process,
-    and the training base's moves to host memory and back around it."""
-    from eps_screen.estimate import H200_BASE_ASIDE, H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM
+def _off_policy_job_s(config) -> float:
+    """What a job that makes off-policy answer sets pays beyond the others: that engine's warm start (with its
+    weights in 8 bits or not), its process, and the training base's moves to host memory and back around it."""
+    from eps_screen.estimate import (
+        H200_BASE_ASIDE, H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM, H200_OFF_POLICY_START_WARM_FP8,
+    )
 
-    return H200_OFF_POLICY_START_WARM.value + H200_OFF_POLICY_PROCESS.value + H200_BASE_ASIDE.value
+    start = H200_OFF_POLICY_START_WARM_FP8 if config.off_policy.vllm_quantization == "fp8" else H200_OFF_POLICY_START_WARM
+    return start.value + H200_OFF_POLICY_PROCESS.value + H200_BASE_ASIDE.value
 
 
 def _start_up_per_job(config, est) -> float:
@@ -73,7 +76,7 @@ def _start_up_per_job(config, est) -> float:
     (the pre-screen's job, which trains nothing, counted with the warm-ups it skips)."""
     from eps_screen.estimate import gpu_jobs, off_policy_engine_starts
 
-    off = off_policy_engine_starts(config) * _off_policy_job_s()
+    off = off_policy_engine_starts(config) * _off_policy_job_s(config)
     skipped = sum(est.figures[k]["value"] for k in ("compile warm-up", "first engine sleep") if k in est.figures)
     return (est.hours["startup"] * 3600 - off + skipped) / gpu_jobs(config)
 
@@ -131,10 +134,14 @@ def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engin
     # as shipped, 2 GPUs and 44 cells a job: the slab's 44 off-policy cells in 1 of its 2 jobs
     assert off_policy_engine_starts(load_config(CONFIGS / "qwen7b.yaml")) == 1 + 1 + 2
     est = estimate(config)
-    # the off-policy engine's start as measured: warm with execution.engine_cache_dir (qwen7b.yaml), else cold
-    assert est.figures["off-policy engine start"]["value"] == 41
+    # the off-policy engine's start as measured with its weights in 8 bits: warm with execution.engine_cache_dir
+    # (qwen7b.yaml), else cold; in bf16 likewise
+    assert est.figures["off-policy engine start"]["value"] == 56
     cold = config.model_copy(update={"execution": config.execution.model_copy(update={"engine_cache_dir": None})})
-    assert estimate(cold).figures["off-policy engine start"]["value"] == 215
+    assert estimate(cold).figures["off-policy engine start"]["value"] == 264
+    bf16 = config.with_sets({"off_policy.vllm_quantization": "none"})
+    assert estimate(bf16).figures["off-policy engine start"]["value"] == 41
+    assert estimate(bf16.with_sets({"execution.engine_cache_dir": None})).figures["off-policy engine start"]["value"] == 215
     assert any(n.startswith("engine starts counted warm") for n in est.notes)
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
     assert off_policy_engine_starts(jsonl) == 0 and "off-policy engine start" not in estimate(jsonl).figures
@@ -419,7 +426,7 @@ def test_the_pre_screen_job_pays_no_training_warm_up():
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
     per_job = _per_job_start_up()
-    off = off_policy_engine_starts(config) * _off_policy_job_s()
+    off = off_policy_engine_starts(config) * _off_policy_job_s(config)
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
     pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
     assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
@@ -461,7 +468,7 @@ def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
     assert sum(map(len, est.job_hours)) == gpu_jobs(config)
     # the multi-seed jobs: start-up (the off-policy engine's in each), and 18 mean cells with an answer set each
     n_multi, cells = dispatch_groups(config)[-1], est.work["cells"]
-    per_job = _per_job_start_up() + _off_policy_job_s()
+    per_job = _per_job_start_up() + _off_policy_job_s(config)
     regimes = 48  # the phase-1-2 answer sets: 18 more in phase 3 as their mean
     share = (len(est.job_hours[-1]) * per_job / 3600 + (est.hours["train"] + est.hours["eval"]) * n_multi / cells
              + est.hours["regimes"] * n_multi / (regimes + n_multi))
@@ -666,20 +673,29 @@ def test_the_first_engine_sleep_is_the_measured_one():
     assert H200_FIRST_SLEEP.value == round(measured)
 
 
-def test_off_policy_weights_in_8_bits_shorten_the_answer_sets_and_nothing_else():
-    from eps_screen.estimate import H200_OFF_POLICY_START_COLD_FP8
+def test_off_policy_weights_in_8_bits_shorten_the_answer_sets_and_start_as_measured():
+    from eps_screen.estimate import (
+        H200_BASE_ASIDE, H200_OFF_POLICY_START_COLD_FP8, H200_OFF_POLICY_START_WARM, H200_OFF_POLICY_START_WARM_FP8,
+        off_policy_engine_starts,
+    )
 
     shipped = _qwen()
     assert shipped.off_policy.vllm_quantization == "fp8"
     bf16 = shipped.with_sets({"off_policy.vllm_quantization": "none"})
     est, full = estimate(shipped), estimate(bf16)
     assert est.hours["regimes"] < full.hours["regimes"]
-    assert all(est.hours[k] == full.hours[k] for k in ("train", "eval", "pre_screen", "startup"))
-    # its start was measured cold only: the jobs count bf16's warm start, and say so
-    measured = json.loads((ROOT / H200_OFF_POLICY_START_COLD_FP8.source).read_text())["engine_start_s"]
-    assert H200_OFF_POLICY_START_COLD_FP8.value == round(measured)
-    assert any(n.startswith("the off-policy engine's start with fp8 weights measured cold only") for n in est.notes)
-    assert not any("fp8 weights measured cold" in n for n in full.notes)
+    assert all(est.hours[k] == full.hours[k] for k in ("train", "eval", "pre_screen"))
+    # each job that starts the off-policy engine starts it with its weights in 8 bits: that start, measured warm
+    longer = H200_OFF_POLICY_START_WARM_FP8.value - H200_OFF_POLICY_START_WARM.value
+    assert est.hours["startup"] * 3600 == pytest.approx(full.hours["startup"] * 3600 + off_policy_engine_starts(shipped) * longer)
+    assert est.figures["off-policy engine start"]["source"] == H200_OFF_POLICY_START_WARM_FP8.source
+    for figure in (H200_OFF_POLICY_START_COLD_FP8, H200_OFF_POLICY_START_WARM_FP8):
+        run = json.loads((ROOT / figure.source).read_text())
+        assert figure.value == round(run["engine_start_s"]) and run["overrides"] == {"off_policy.vllm_quantization": "fp8"}
+    assert json.loads((ROOT / H200_OFF_POLICY_START_WARM_FP8.source).read_text())["engine_cache"] == "warm"
+    # the training base's moves around that engine: a job's first round, there (pinning) and back
+    first = json.loads((ROOT / H200_BASE_ASIDE.source).read_text())["rounds"][0]
+    assert H200_BASE_ASIDE.value == round(first["to_host_s"] + first["back_s"], 1)
 
 
 def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_the_screen(capsys):
@@ -693,9 +709,9 @@ def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_t
     bf16, fp8 = choices["off_policy.vllm_quantization: none"], choices["off_policy.vllm_kv_cache_dtype: fp8"]
     outside = choices["off_policy.kind: jsonl or a hosted API"]
     shipped = estimate(config)
-    # bf16 weights make the 32B model's answer sets slower, an 8-bit KV cache faster; a file or an API makes them
+    # bf16 weights make the 32B model's answer sets slower (its engine starts 15 s sooner), an 8-bit KV cache faster; a file or an API makes them
     # cost no GPU time, and no job starts that engine; training and evaluation are the same either way
-    assert bf16.hours["regimes"] > shipped.hours["regimes"] and bf16.hours["startup"] == shipped.hours["startup"]
+    assert bf16.hours["regimes"] > shipped.hours["regimes"] and bf16.hours["startup"] < shipped.hours["startup"]
     assert fp8.hours["regimes"] < shipped.hours["regimes"] and fp8.hours["startup"] == shipped.hours["startup"]
     assert outside.hours["regimes"] < fp8.hours["regimes"] and outside.hours["startup"] < shipped.hours["startup"]
     assert all(e.hours["train"] == shipped.hours["train"] and e.hours["eval"] == shipped.hours["eval"]
