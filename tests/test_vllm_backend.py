@@ -220,3 +220,24 @@ def test_a_sleeping_engine_wakes_into_memory_the_allocator_gave_back(monkeypatch
     gen.wake()
     gen.wake()  # awake already: nothing
     assert events == ["empty_cache", "wake_up"] and not gen.asleep and len(gen.stats["wake_s"]) == 1
+
+
+def test_an_engine_that_cannot_wake_says_what_holds_the_card(monkeypatch):
+    import torch
+
+    from eps_screen.generation.vllm_backend import VLLMGenerator
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2 * 2**30, 140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 13 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 17 * 2**30)
+
+    class Engine:
+        def wake_up(self):
+            raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163")
+
+    gen = object.__new__(VLLMGenerator)
+    gen.llm, gen.asleep, gen.stats = Engine(), True, {"wake_s": []}
+    with pytest.raises(RuntimeError, match=r"could not wake: 2.0 of 140.0 GiB free .* 13.0 GiB \(17.0 reserved\)"):
+        gen.wake()
+    assert gen.asleep  # still asleep: a later wake tries again

@@ -88,6 +88,16 @@ def _give_cached_memory_back() -> None:
     torch.cuda.empty_cache()
 
 
+def _memory_now() -> str:
+    """The card as this process sees it, for an error: what the driver has free, and what this process's own
+    allocator holds (allocated, and reserved beside it)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return (f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free on the GPU, this process's allocator holding"
+            f" {torch.cuda.memory_allocated() / 2**30:.1f} GiB ({torch.cuda.memory_reserved() / 2**30:.1f} reserved)")
+
+
 class VLLMGenerator:
     name = "vllm"
 
@@ -178,7 +188,13 @@ class VLLMGenerator:
         if self.asleep:
             started = time.perf_counter()
             _give_cached_memory_back()
-            self.llm.wake_up()
+            try:
+                self.llm.wake_up()
+            except RuntimeError as exc:
+                if "out of memory" not in str(exc):
+                    raise
+                raise RuntimeError(f"the vLLM engine could not wake: {_memory_now()}; it maps its whole budget again"
+                                   " (eval.vllm_gpu_memory_utilization sets it)") from exc
             self.stats["wake_s"].append(time.perf_counter() - started)
             self.asleep = False
 
