@@ -115,6 +115,7 @@ def train_condition(base, config, a: int, b: int, max_steps: int | None, root: P
         for i, report in zip(stage.cells, train_cells(base, [trainings[i] for i in stage.cells], stage), strict=True):
             reports[i] = report
     seconds = time.perf_counter() - started
+    left = cache_left()
     steps = len(ends)
     step_s = (ends[-1] - ends[WARMUP_STEPS - 1]) / (steps - WARMUP_STEPS) if steps > WARMUP_STEPS else None
     # every cell's real tokens of one optimizer step (the sample's mean: its steps differ only in which examples)
@@ -143,7 +144,27 @@ def train_condition(base, config, a: int, b: int, max_steps: int | None, root: P
         "peak_memory_gib": first.peak_memory_gb,
         "final_loss": [r.final_loss for r in reports],
         "options": first.options,
+        "left_after_training": left,
     }
+
+
+def cache_left() -> dict:
+    """What training leaves on the card once train_cells has returned, in GiB: the allocator's allocated and reserved
+    memory (reserved beyond allocated is cache the driver cannot give an engine's wake), and what the driver has free
+    before and after the cache is handed back. Empty on a CPU."""
+    import gc
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    gib = 2**30
+    out = {"allocated_gib": torch.cuda.memory_allocated() / gib, "reserved_gib": torch.cuda.memory_reserved() / gib,
+           "free_gib": torch.cuda.mem_get_info()[0] / gib}
+    gc.collect()
+    torch.cuda.empty_cache()
+    out["free_after_empty_cache_gib"] = torch.cuda.mem_get_info()[0] / gib
+    return out
 
 
 def load_base(tiny: bool):
@@ -196,6 +217,9 @@ def run(configs: dict, conditions: list[tuple[int, int]], tiny: bool, max_steps:
                 measured = train_condition(base, config, a, b, max_steps, Path(tmp))
             result["runs"][key] = r = {"variant": label, **measured}
             print(line(key, r), flush=True)
+            if r["left_after_training"]:
+                print("  left after training: " + ", ".join(f"{k} {v:.2f}" for k, v in r["left_after_training"].items()),
+                      flush=True)
             write(path, result)
 
 
