@@ -70,6 +70,13 @@ def http_requests(monkeypatch) -> list[str]:
     return sent
 
 
+def sent_by_the_commands(requests: list[str], api: str | None) -> list[str]:
+    """The requests, less Prefect's log shipping to another server: an earlier test's flow runs in this worker
+    process leave a background log worker posting to its (temporary) server's /api/logs/, once seen in CI."""
+    return [r for r in requests if not (r.startswith("POST ") and r.endswith("/api/logs/")
+                                        and (api is None or not r.startswith(f"POST {api}/")))]
+
+
 @pytest.mark.parametrize("api", [None, "http://127.0.0.1:9/api"], ids=["no-api-url", "api-url-nowhere"])
 def test_status_and_report_need_no_server(offline_store, no_server, http_requests, api, capsys):
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -85,7 +92,7 @@ def test_status_and_report_need_no_server(offline_store, no_server, http_request
         out = capsys.readouterr().out
         assert "slab librarian" in out and "all distinct" in out
         assert ("not set" if api is None else "not reachable") in out
-        assert http_requests == one_check, http_requests
+        assert sent_by_the_commands(http_requests, api) == one_check, http_requests
 
         http_requests.clear()
         assert main(["report", "offline", "--store", str(offline_store)]) == 0
@@ -93,7 +100,7 @@ def test_status_and_report_need_no_server(offline_store, no_server, http_request
     report = offline_store / "offline" / "report" / "clean_result.html"
     assert out.strip().splitlines()[-1] == str(report) and report.is_file()
     assert "offline: 96 cells (partial)" in out
-    assert http_requests == one_check, http_requests
+    assert sent_by_the_commands(http_requests, api) == one_check, http_requests
 
 
 def progress_output(tmp_path: Path, terminal: bool) -> str:
