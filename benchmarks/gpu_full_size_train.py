@@ -152,17 +152,16 @@ def cache_left() -> dict:
     """What training leaves on the card once train_cells has returned, in GiB: the allocator's allocated and reserved
     memory (reserved beyond allocated is cache the driver cannot give an engine's wake), and what the driver has free
     before and after the cache is handed back. Empty on a CPU."""
-    import gc
-
     import torch
+
+    from eps_screen.models import release_cached_memory
 
     if not torch.cuda.is_available():
         return {}
     gib = 2**30
     out = {"allocated_gib": torch.cuda.memory_allocated() / gib, "reserved_gib": torch.cuda.memory_reserved() / gib,
            "free_gib": torch.cuda.mem_get_info()[0] / gib}
-    gc.collect()
-    torch.cuda.empty_cache()
+    release_cached_memory()
     out["free_after_empty_cache_gib"] = torch.cuda.mem_get_info()[0] / gib
     return out
 

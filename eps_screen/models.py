@@ -124,6 +124,15 @@ def load_base(ref: str, dtype: str = "float32", attn: str = "sdpa", revision: st
     return _LOADED[key]
 
 
+def release_cached_memory() -> None:
+    """Collect garbage, then give what the CUDA allocator holds free but cached back to the driver (a no-op where
+    CUDA never initialised): another process, or an engine waking in this one, can use only what the driver has."""
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def bases_to_host() -> int:
     """Move the loaded bases' weights from the GPU into pinned host memory, so that an engine of another model in
     another process can have their share of the card; `load_base` moves them back. Returns the bytes moved."""

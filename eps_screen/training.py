@@ -27,6 +27,7 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
+from eps_screen.models import release_cached_memory
 from eps_screen.training_prefix import IGNORE, PrefixSharingCollator
 from eps_screen.training_steps import StepLog, StepLossMixin, StepRecorder, no_sync_args
 
@@ -287,8 +288,6 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
     model for this run is taken off again), so the next cell of the same process reuses them. `on_step` gets each
     optimizer step's figures, READBACK_STEPS steps at a time (eps_screen.training_steps: no GPU sync per step).
     """
-    import gc
-
     import torch
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
@@ -398,9 +397,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         if trainer is not None:
             trainer.accelerator.free_memory()  # drops the accelerator's references to the optimizer and model
         del trainer, model
-        gc.collect()
-        if on_gpu:
-            torch.cuda.empty_cache()
+        release_cached_memory()
     tokens = sum(len(r.input_ids) for r in rows)
     epochs_run = math.ceil(t.epochs) if t.epochs > 1 else t.epochs
     device_gb, allocated_gb = peak.gib() if peak else (None, None)

@@ -23,7 +23,6 @@ path loads). tests/test_training_together.py checks each cell's loss curve and a
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import shutil
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.data import Example
+from eps_screen.models import release_cached_memory
 from eps_screen.training import (
     IGNORE,
     StepLog,
@@ -372,9 +372,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             p.requires_grad_(False)
         base_model.eval()
         del model
-        gc.collect()
-        if on_gpu:
-            torch.cuda.empty_cache()
+        release_cached_memory()
     device_gb, allocated_gb = peak.gib() if peak else (None, None)
     all_tokens = sum(len(x.input_ids) * int(r.epochs) for r in recipes for x in r.rows)
     reports = []

@@ -201,12 +201,19 @@ def test_only_the_off_policy_engine_takes_an_fp8_kv_cache(monkeypatch):
     assert not any("quantization" in kwargs for kwargs in seen[:3])
 
 
+def _asleep(engine):
+    """A GPU engine's generator, asleep, around a stand-in for vLLM's LLM (only its wake_up is called)."""
+    from eps_screen.generation.vllm_backend import VLLMGenerator
+
+    gen = object.__new__(VLLMGenerator)
+    gen.llm, gen.asleep, gen.stats = engine, True, {"wake_s": []}
+    return gen
+
+
 def test_a_sleeping_engine_wakes_into_memory_the_allocator_gave_back(monkeypatch):
     """A wake maps the engine's whole budget anew: what training left cached in this process goes back to the driver
     first (on the H200 a job's wake after a stage of four cells ran out of memory without it)."""
     import torch
-
-    from eps_screen.generation.vllm_backend import VLLMGenerator
 
     events = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
@@ -215,8 +222,7 @@ def test_a_sleeping_engine_wakes_into_memory_the_allocator_gave_back(monkeypatch
         def wake_up(self):
             events.append("wake_up")
 
-    gen = object.__new__(VLLMGenerator)
-    gen.llm, gen.asleep, gen.stats = Engine(), True, {"wake_s": []}
+    gen = _asleep(Engine())
     gen.wake()
     gen.wake()  # awake already: nothing
     assert events == ["empty_cache", "wake_up"] and not gen.asleep and len(gen.stats["wake_s"]) == 1
@@ -224,8 +230,6 @@ def test_a_sleeping_engine_wakes_into_memory_the_allocator_gave_back(monkeypatch
 
 def test_an_engine_that_cannot_wake_says_what_holds_the_card(monkeypatch):
     import torch
-
-    from eps_screen.generation.vllm_backend import VLLMGenerator
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2 * 2**30, 140 * 2**30))
@@ -236,8 +240,7 @@ def test_an_engine_that_cannot_wake_says_what_holds_the_card(monkeypatch):
         def wake_up(self):
             raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163")
 
-    gen = object.__new__(VLLMGenerator)
-    gen.llm, gen.asleep, gen.stats = Engine(), True, {"wake_s": []}
+    gen = _asleep(Engine())
     with pytest.raises(RuntimeError, match=r"could not wake: 2.0 of 140.0 GiB free .* 13.0 GiB \(17.0 reserved\)"):
         gen.wake()
     assert gen.asleep  # still asleep: a later wake tries again

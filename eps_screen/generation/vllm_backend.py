@@ -74,20 +74,6 @@ def gpu_memory_share(configured: float | None, vocab: int | None = None) -> floa
     return min(share, 0.95)
 
 
-def _give_cached_memory_back() -> None:
-    """Return what this process's allocator holds free but cached to the driver. A wake maps the engine's whole
-    budget (weights and KV cache) anew, and training's optimizer states (about 1 GB a cell of qwen7b's r=32
-    adapters in fp32 AdamW) fall into that cache only when its frame ends, after its own empty_cache: a stage of
-    four cells holds more than the engine's 3 GiB margin (the GPU job test's wake after such a stage ran out of
-    memory on the H200, 2026-12-05)."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def _memory_now() -> str:
     """The card as this process sees it, for an error: what the driver has free, and what this process's own
     allocator holds (allocated, and reserved beside it)."""
@@ -187,7 +173,13 @@ class VLLMGenerator:
     def wake(self) -> None:
         if self.asleep:
             started = time.perf_counter()
-            _give_cached_memory_back()
+            # A wake maps the engine's whole budget (weights and KV cache) anew. Training's optimizer states (about
+            # 1 GB a cell of qwen7b's r=32 adapters in fp32 AdamW) fall into the allocator's cache only when its frame
+            # ends, after its own release: a stage of four cells held more than the engine's 3 GiB margin (the GPU
+            # job test's wake after such a stage ran out of memory on the H200, 2026-12-05).
+            from eps_screen.models import release_cached_memory
+
+            release_cached_memory()
             try:
                 self.llm.wake_up()
             except RuntimeError as exc:
