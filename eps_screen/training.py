@@ -396,6 +396,9 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         base_model.eval()
         if trainer is not None:
             trainer.accelerator.free_memory()  # drops the accelerator's references to the optimizer and model
+        # The optimizer's fp32 moments must be dead before the cache goes back (an engine may wake next in this
+        # process): the step recorder's callback holds the trainer too.
+        steps_seen.trainer = None
         del trainer, model
         release_cached_memory()
     tokens = sum(len(r.input_ids) for r in rows)

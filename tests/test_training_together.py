@@ -180,3 +180,32 @@ def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
     assert steps == [list(range(1, r.steps + 1)) for r in reports]  # each cell's steps reach its own on_step
     assert all((c.out_dir / "adapter_model.safetensors").exists() for c in cells)
     assert not reports[2].options["padding_free"]
+
+
+
+@pytest.mark.parametrize("way", ["alone", "together"])
+def test_optimizer_state_is_gone_when_the_cache_goes_back(base, tmp_path, monkeypatch, way):
+    """Training ends by giving the CUDA cache back to the driver, for an engine that wakes next in the same process:
+    what is still referenced then stays on the card, so the optimizers must be dead by that call (2026-12-05 on
+    the H200: a stage's AdamW moments, left cached, made the base engine's wake run out of memory)."""
+    import gc
+
+    import torch
+
+    from eps_screen import training, training_together
+    from eps_screen.training_together import recipe, train_together
+
+    live_at_release = []
+
+    def count_optimizers():
+        gc.collect()
+        live_at_release.append(sum(isinstance(o, torch.optim.Optimizer) for o in gc.get_objects()))
+
+    monkeypatch.setattr(training, "release_cached_memory", count_optimizers)
+    monkeypatch.setattr(training_together, "release_cached_memory", count_optimizers)
+    if way == "alone":
+        training.train_lora(base, _examples(4), _config(epochs=1), True, 0, tmp_path / "alone")
+    else:
+        train_together(base, [recipe(base.tokenizer, _config(epochs=1), _examples(4, shift), True, shift,
+                                     tmp_path / f"c{shift}") for shift in range(2)])
+    assert live_at_release == [0]
