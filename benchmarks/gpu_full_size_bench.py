@@ -361,7 +361,10 @@ def main() -> None:
             train.run(configs, conditions, args.tiny, args.max_steps, result, path)
             table = train.table(result["runs"])
         else:
-            model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny, full_vocab=args.full_vocab)
+            # The off-policy part reads only the base's tokenizer and chat template, which the off-policy directory
+            # holds too: a fresh machine need not write the 15 GB 7B directory for it.
+            model_dir = (off_policy_dir(Path(args.off_policy_dir), args.tiny, args.full_vocab) if args.part == "off-policy"
+                         else seven_b_dir(Path(args.model_dir), tiny=args.tiny, full_vocab=args.full_vocab))
             generate(args, config(model_dir, overrides), conditions, result, path, Path(tmp))
             table = generation_table(result)
     write(path, result)
