@@ -193,6 +193,30 @@ def _lm_head_loss_sum(hidden, weight, labels):
     return total
 
 
+def _shared_pass(backbone, head, pieces: list[tuple[str, list[Tokenized]]], norms: list[int], routing: _Routing,
+                 device, bf16: bool) -> list:
+    """One forward and backward pass of several cells' micro-batches packed in one row (each through its own
+    adapter); returns each piece's loss, detached. The pass's tensors die with this frame: kept alive in the
+    caller's, they held their memory, and the cached segments they sit in, through the next pass's forward and
+    through the hand-back of the cache after training (which an engine waking next needs)."""
+    import torch
+
+    inputs, labels, spans = _packed(pieces, device)
+    routing.set(spans)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state[0]
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        parts = []
+        for (_, lo, hi), h, norm in zip(spans, hidden.split([hi - lo for _, lo, hi in spans]), norms, strict=True):
+            y = labels[lo + 1:hi]
+            mask = y != IGNORE
+            part = _lm_head_loss_sum(h[:-1][mask], head, y[mask]) / norm
+            parts.append(part)
+            loss = loss + part
+    loss.backward()
+    return [part.detach() for part in parts]
+
+
 def _packed(pieces: list[tuple[str, list[Tokenized]]], device):
     """The packed row of several cells' micro-batches: model inputs, labels, and each cell's token span."""
     import torch
@@ -326,23 +350,11 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             for m in range(max(len(plans[i][k]) for i in live)):
                 round_ = [(i, [recipes[i].rows[j] for j in plans[i][k][m]]) for i in live if m < len(plans[i][k])]
                 for group in _forwards(round_, budget):
-                    inputs, labels, spans = _packed([(names[i], rows) for i, rows in group], device)
-                    routing.set(spans)
-                    passes, pieces_run = passes + 1, pieces_run + len(spans)
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                        hidden = backbone(**inputs, use_cache=False).last_hidden_state[0]
-                        loss = hidden.new_zeros((), dtype=torch.float32)
-                        parts = []
-                        own = hidden.split([hi - lo for _, lo, hi in spans])
-                        for (i, _), (_, lo, hi), h in zip(group, spans, own, strict=True):
-                            y = labels[lo + 1:hi]
-                            mask = y != IGNORE
-                            part = _lm_head_loss_sum(h[:-1][mask], head, y[mask]) / norm[i]
-                            parts.append((i, part))
-                            loss = loss + part
-                    loss.backward()
-                    for i, part in parts:
-                        step_loss[i] += part.detach()
+                    passes, pieces_run = passes + 1, pieces_run + len(group)
+                    own = _shared_pass(backbone, head, [(names[i], rows) for i, rows in group],
+                                       [norm[i] for i, _ in group], routing, device, bf16)
+                    for (i, _), part in zip(group, own, strict=True):
+                        step_loss[i] += part
             rates = {i: scheds[i].get_last_lr()[0] for i in live}  # this step's, as transformers logs it
             for i in live:
                 torch.nn.utils.clip_grad_norm_(params[names[i]], MAX_GRAD_NORM)
