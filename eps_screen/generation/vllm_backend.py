@@ -173,10 +173,10 @@ class VLLMGenerator:
     def wake(self) -> None:
         if self.asleep:
             started = time.perf_counter()
-            # A wake maps the engine's whole budget (weights and KV cache) anew. Training's optimizer states (about
-            # 1 GB a cell of qwen7b's r=32 adapters in fp32 AdamW) fall into the allocator's cache only when its frame
-            # ends, after its own release: a stage of four cells held more than the engine's 3 GiB margin (the GPU
-            # job test's wake after such a stage ran out of memory on the H200, 2026-12-05).
+            # A wake maps the engine's whole budget (weights and KV cache) anew, within a margin of about 3 GiB, and
+            # memory this process's allocator keeps cached is not there for it. Training hands its cache back, yet
+            # 3.1 GiB was cached again once a stage of eight had returned (H100, 2026-12-06), and the GPU job test's
+            # wake after a stage of four ran out of memory on the H200 without this (2026-12-05).
             from eps_screen.models import release_cached_memory
 
             release_cached_memory()
