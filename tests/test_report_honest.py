@@ -16,7 +16,7 @@ import pytest
 from eps_screen.aggregate import aggregate
 from eps_screen.config import ScreenConfig, load_config
 from eps_screen.design import all_slab_cells
-from eps_screen.report.page import ci
+from eps_screen.report.tables import ci
 from eps_screen.report.tldr import tldr, written
 from eps_screen.schemas import EffectEstimate, Interval
 from eps_screen.simulate import simulate_screen

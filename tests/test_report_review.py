@@ -18,7 +18,7 @@ import pytest
 from eps_screen.aggregate import aggregate
 from eps_screen.config import ScreenConfig
 from eps_screen.design import all_slab_cells
-from eps_screen.report.page import _bootstrap_scheme
+from eps_screen.report.page import bootstrap_scheme as _bootstrap_scheme
 from eps_screen.report.tldr import tldr
 from eps_screen.schemas import InteractionsFile, MainEffectsFile
 from eps_screen.simulate import simulate_screen

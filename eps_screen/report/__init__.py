@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 from eps_screen.config import ScreenConfig
 from eps_screen.report.figures import ab_interaction, factor_ranking, persona_heatmap
 from eps_screen.report.labels import with_level_labels
-from eps_screen.report.page import PLOTLY_CONFIG, render
+from eps_screen.report.page import render
+from eps_screen.report.tables import PLOTLY_CONFIG
 
 if TYPE_CHECKING:
     from eps_screen.aggregate import AggregateResult
