@@ -16,7 +16,7 @@ from eps_screen.report.serve import report_url
 from eps_screen.report.stores import location
 from eps_screen.report.tldr import tldr
 from eps_screen.store import ResultStore, load_screen, screen_names
-from flows.runtime.artifacts import artifact_key
+from tasks import artifact_key
 from flows.runtime.runs import process_alive, screen_runs
 
 

@@ -1,7 +1,7 @@
 """The screen: phases 0-4 of docs/experiment.md, read top to bottom. Gates end the run in a state named "Killed".
 
 Cells run in-process (pool 'inprocess': here, or on the `execution.max_parallel_cells` worker processes of the cell
-pool, flows/runtime/cell_pool.py) or as runs of the `cell` deployment on a GPU work pool (flows/runtime/dispatch.py:
+pool, eps_screen/cell_pool.py) or as runs of the `cell` deployment on a GPU work pool (flows/runtime/dispatch.py:
 resubmits crashed runs, enforces the spend cap). Either way every finished cell is in the store, so running the
 screen again resumes it; gate decisions read the store, not the runs' return values.
 
@@ -30,7 +30,7 @@ from eps_screen.provenance import provenance
 from eps_screen.stats import factorial_effects
 from eps_screen.store import ResultStore
 from flows.aggregate import aggregate, publish
-from flows.runtime.cell_pool import CellPool, open_cell_pool
+from eps_screen.cell_pool import CellPool, open_cell_pool
 from flows.runtime.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
 from flows.runtime.names import CELL_DEPLOYMENTS
 from flows.runtime.phase_progress import PhaseProgress

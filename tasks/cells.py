@@ -21,8 +21,8 @@ from eps_screen import pipeline
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Regime
 from eps_screen.store import ResultStore, cell_key, regime_key
-from flows.runtime.artifacts import artifact_key
-from flows.runtime.cell_pool import CellPool, CellProcessDied
+from tasks import artifact_key
+from eps_screen.cell_pool import CellPool, CellProcessDied
 
 
 def _cell_cache_key(_ctx, params) -> str | None:

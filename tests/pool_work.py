@@ -1,4 +1,4 @@
-"""Stand-ins for what a cell worker computes (flows/runtime/cell_pool.py `Work`), for the cell pool's tests.
+"""Stand-ins for what a cell worker computes (eps_screen/cell_pool.py `Work`), for the cell pool's tests.
 
 A spawned worker imports its work by module name, so these live here, with no Prefect import: a worker that
 imports Prefect shows it in the marker each stand-in writes. $POOL_WORK names the folder they write to.

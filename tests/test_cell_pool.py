@@ -1,4 +1,4 @@
-"""The in-process screen's cell pool (flows/runtime/cell_pool.py): a dead worker costs only its cell, and the
+"""The in-process screen's cell pool (eps_screen/cell_pool.py): a dead worker costs only its cell, and the
 workers never outlive a cancelled or crashed screen.
 
 Stand-in work (tests/pool_work.py) writes which process holds which cell; `slow` then sleeps 120 s. The screen side
@@ -24,7 +24,7 @@ from prefect import flow
 from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.store import ResultStore
-from flows.runtime.cell_pool import CellPool, CellProcessDied, open_cell_pool
+from eps_screen.cell_pool import CellPool, CellProcessDied, open_cell_pool
 from tasks.cells import cell_task
 from tests import pool_work
 
@@ -184,7 +184,7 @@ from prefect import flow
 from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.store import ResultStore
-from flows.runtime.cell_pool import open_cell_pool
+from eps_screen.cell_pool import open_cell_pool
 from tasks.cells import cell_task
 from tests import pool_work
 from tests.test_cell_pool import held_by

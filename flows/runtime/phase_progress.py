@@ -10,7 +10,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from eps_screen.config import ScreenConfig
 from eps_screen.plan import Plan
-from flows.runtime.artifacts import artifact_key
+from tasks import artifact_key
 
 
 class PhaseProgress:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A whole screen on this machine's GPUs, from a bare box: a Prefect server (unless PREFECT_API_URL answers), the
+# local-gpu pool and its deployments, one worker per GPU, then `eps-screen run CONFIG` here. Run it again to resume:
+# what is up stays up, finished cells are read from the store.
+#   deployments/pools/local-gpu-screen.sh deployments/configs/smol-marker.yaml
+# State (the server's SQLite database, logs) lives under EPS_BOX_DIR (default .eps-box, ignored by git).
+# EPS_SCREEN (default: eps-screen) and PREFECT_BIN (default: prefect) name the two commands, for a machine where
+# the packages sit on PYTHONPATH rather than in a venv ("python3 -m flows.cli", "python3 -m prefect").
+set -euo pipefail
+config=${1:?usage: local-gpu-screen.sh CONFIG}
+box=${EPS_BOX_DIR:-.eps-box}
+eps=${EPS_SCREEN:-eps-screen}
+prefect_bin=${PREFECT_BIN:-prefect}
+mkdir -p "$box"
+export PREFECT_HOME="$PWD/$box/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_CLI_WRAP_LINES=false
+export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
+up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" \
+         "$PREFECT_API_URL" 2>/dev/null; }
+if ! up; then
+  echo "local-gpu-screen: starting a Prefect server (log $box/server.log)"
+  setsid nohup $prefect_bin server start --host 127.0.0.1 > "$box/server.log" 2>&1 < /dev/null &
+  for _ in $(seq 120); do up && break; sleep 1; done
+  up || { echo "local-gpu-screen: the server did not answer in 120 s (see $box/server.log)" >&2; exit 1; }
+fi
+$eps deploy --pool local-gpu
+if ! pgrep -f "worker start --pool local-gpu" > /dev/null; then
+  # setsid: the workers outlive this script's shell, so a second run of it finds them up
+  (cd "$box" && PREFECT_BIN="$prefect_bin" setsid bash "$OLDPWD/deployments/pools/start-local-gpu-workers.sh")
+fi
+exec $eps run "$config"
