@@ -15,6 +15,7 @@ import polars as pl
 
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell, Fraction, all_slab_cells, multiseed_cells, phases, pick_top, smoke_cells
+from eps_screen.plackett_burman import PlackettBurman
 from eps_screen.stats import DesignError, factorial_effects
 
 PHASES = ("smoke", "slab", "multiseed", "all")
@@ -102,7 +103,9 @@ def _cells_text(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
-def _fraction_data(frac: Fraction) -> dict:
+def _fraction_data(frac: Fraction | PlackettBurman) -> dict:
+    if isinstance(frac, PlackettBurman):
+        return frac.alias_data()
     signed = [("-" if sign < 0 else "") + w for w, sign in frac.relation()]
     return {
         "design": frac.describe(),
@@ -114,8 +117,10 @@ def _fraction_data(frac: Fraction) -> dict:
     }
 
 
-def _fraction_text(frac: Fraction) -> list[str]:
+def _fraction_text(frac: Fraction | PlackettBurman) -> list[str]:
     """The textbook alias structure: generators, defining relation, resolution, and every alias chain."""
+    if isinstance(frac, PlackettBurman):
+        return frac.alias_text()
     if not frac.generators:
         return ["nothing is aliased: every effect is estimated on its own"]
     data = _fraction_data(frac)

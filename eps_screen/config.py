@@ -276,6 +276,10 @@ class FractionSpec(_Strict):
         None, ge=3, le=8,
         description="Without generators: the fewest runs with at least this resolution (3: main effects clear of each"
                     " other; 4: also of two-factor interactions), minimum aberration among those.")
+    plackett_burman: int | None = Field(
+        None, description="The slab only, instead of a fraction: a Plackett-Burman design of this many runs (12, 20 or"
+                          " 24) for up to that many less one factors; main effects partially aliased with two-factor"
+                          " interactions (eps-screen design prints the table); the smoke is the same design.")
 
 
 class DesignConfig(_Strict):

@@ -26,6 +26,7 @@ from eps_screen.treatments import ANSWERS, EVALUATION, MARKER_LETTER, Condition,
 
 if TYPE_CHECKING:
     from eps_screen.config import DesignConfig, ScreenConfig
+    from eps_screen.plackett_burman import PlackettBurman
 
 MARKER_SHORTS = "ABCDE"  # the marker screen's factors (eps_screen/treatments.py), the default of ScreenConfig
 SEARCH_MAX_FACTORS = 10
@@ -237,13 +238,15 @@ def _check_resolution(frac: Fraction, where: str) -> None:
 
 @dataclass(frozen=True)
 class PhaseDesigns:
-    slab: Fraction
-    smoke: Fraction
-    fold_over: Fraction | None  # the smoke fraction with every level flipped, when design.fold_over
+    slab: Fraction | PlackettBurman
+    smoke: Fraction | PlackettBurman
+    fold_over: Fraction | PlackettBurman | None  # the smoke fraction with every level flipped, when design.fold_over
 
 
 def phase_fractions(design: DesignConfig) -> PhaseDesigns:
     """The slab, smoke and fold-over fractions a design block declares; DesignError names the field and the fix."""
+    if design.slab.plackett_burman is not None or design.smoke.plackett_burman is not None:
+        return _plackett_burman_phases(design)
     return _phase_fractions(design.shorts, tuple(design.slab.generators), design.slab.resolution,
                             tuple(design.smoke.generators), design.smoke.resolution, design.fold_over)
 
@@ -274,6 +277,28 @@ def _phase_fractions(shorts: str, slab_gens: tuple[str, ...], slab_res: int | No
             raise DesignError("design.fold_over: the smoke's fold-over runs are not all in the slab design (its relation"
                               " has words of odd length); use a full slab or one of even words, or drop fold_over")
     return PhaseDesigns(slab, smoke, folded)
+
+
+def _plackett_burman_phases(design: DesignConfig) -> PhaseDesigns:
+    """A Plackett-Burman slab is its own smoke (it has no regular sub-fraction); its fold-over lies outside it and
+    adds its runs to the smoke source's."""
+    from eps_screen.plackett_burman import PlackettBurman, PlackettBurmanError
+
+    slab, smoke = design.slab, design.smoke
+    if smoke.plackett_burman is not None:
+        raise DesignError("design.smoke.plackett_burman: a Plackett-Burman design is declared on the slab only"
+                          " (design.slab.plackett_burman), and the smoke then runs it on the smoke source; drop it")
+    if slab.generators or slab.resolution is not None:
+        raise DesignError("design.slab: plackett_burman is a design of its own; drop generators and resolution, or"
+                          " drop plackett_burman")
+    if smoke.generators or (smoke.resolution or 3) > 3:
+        raise DesignError("design.smoke: with design.slab.plackett_burman the smoke is the Plackett-Burman design"
+                          " itself (resolution III), which has no smaller fraction; drop design.smoke")
+    try:
+        pb = PlackettBurman(design.shorts, slab.plackett_burman)
+    except PlackettBurmanError as err:
+        raise DesignError(str(err)) from None
+    return PhaseDesigns(pb, pb, pb.fold_over() if design.fold_over else None)
 
 
 def _at_resolution(within: Fraction, given: Fraction, resolution: int, where: str) -> Fraction:

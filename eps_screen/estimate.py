@@ -585,7 +585,8 @@ def estimate(config: ScreenConfig) -> Estimate:
     # Each cell's work under its own recipe (a factor may set the epochs, the data sizes or the eval panel); the
     # phase-3 cells are picked later: counted as the mean slab cell.
     smoke, slab = design.smoke_cells(config), design.all_slab_cells(config)
-    cells = list({c.id: c for c in smoke + slab}.values())
+    folded = design.fold_over_cells(config)  # a Plackett-Burman slab's fold-over lies outside the slab
+    cells = list({c.id: c for c in smoke + folded + slab}.values())
     n_multi = multiseed_count(config)
     n_cells = len(cells) + n_multi
     train_tokens = {c: 0.0 for c in CONDITIONS}

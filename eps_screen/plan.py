@@ -71,7 +71,7 @@ class Plan:
             out.append(f"  fold-over:        {p['fold_over']} cells ({d.fold_over.describe()})")
         out += [
             (f"phase 2 slabs:      {p['slab']} cells ({p['slab'] // per_slab} sources x {per_slab}"
-             f"{'' if not d.slab.generators else ', ' + d.slab.describe()})"),
+             f"{'' if per_slab == 2 ** d.slab.k else ', ' + d.slab.describe()})"),
             f"phase 3 multi-seed: {p['multiseed']} cells (top cells per source x extra seeds)",
             f"distinct cells:     {self.distinct_cells} (smoke cells are slab cells, run once)",
             (f"answer sets:        {self.regimes_on_policy} on-policy + {self.regimes_off_policy} off-policy"

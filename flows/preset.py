@@ -19,7 +19,7 @@ from flows.runtime.runs import record_owner
 from flows.screen import JOB_NAMES, PHASES, run_name, run_screen
 
 # deployments/configs/*.yaml; tests/test_preset.py fails when a shipped config is missing here.
-Preset = Literal["tiny", "simulated", "qwen7b", "tiny-recipe", "sim-6-2", "tiny-ping"]
+Preset = Literal["tiny", "simulated", "qwen7b", "tiny-recipe", "sim-6-2", "sim-pb12", "tiny-ping"]
 
 
 @flow(name="screen", on_running=[record_owner], flow_run_name=run_name, validate_parameters=True,

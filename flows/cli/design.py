@@ -9,6 +9,7 @@ import sys
 from eps_screen.analysis_cli import design_listing
 from eps_screen.config import ScreenConfig
 from eps_screen.design import ROMAN, fold_over_cells, phases
+from eps_screen.plackett_burman import PlackettBurman
 from flows.cli.session import load
 
 
@@ -28,6 +29,8 @@ def fold_over(config: ScreenConfig) -> tuple[dict, list[str]]:
     cells = fold_over_cells(config)
     together = [("-" if s < 0 else "") + w for w, s in d.smoke.relation() if len(w) % 2 == 0]
     res = min((len(w.lstrip("-")) for w in together), default=None)
+    if isinstance(d.smoke, PlackettBurman):  # no relation: the folded design is resolution IV, not the full factorial
+        res = 4
     data = {"design": d.fold_over.describe(), "count": len(cells), "cells": [c.as_dict() for c in cells],
             "with_smoke": {"runs": 2 * len(cells), "defining_relation": ["I", *together] if together else [],
                            "resolution": res}}
@@ -36,6 +39,7 @@ def fold_over(config: ScreenConfig) -> tuple[dict, list[str]]:
             f"{len(cells)} cells", *(f"  {c.id}" for c in cells),
             f"smoke and fold-over together: {2 * len(cells)} runs, "
             + (f"I = {' = '.join(together)} (resolution {ROMAN.get(res, res)}): {clear}" if together
+               else f"resolution IV: {clear} (which stay partially aliased with each other)" if res == 4
                else f"the full factorial: {clear} and of each other")]
     return data, text
 
