@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from eps_screen import design
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell
-from eps_screen.phase_sizes import multiseed_count
+from eps_screen.estimate import estimate
+from eps_screen.job.memory import memory_lines, memory_problems
+from eps_screen.screen_work import ScreenWork, screen_work
 from eps_screen.store import ResultStore
 
 PHASES = ("smoke", "slab", "multiseed")  # the fold-over (design.fold_over) runs beside the smoke phase
@@ -46,6 +48,7 @@ def expected_cells(config: ScreenConfig, store: ResultStore) -> list[Cell]:
 @dataclass
 class Plan:
     designs: design.PhaseDesigns
+    work: ScreenWork
     pre_screen_conditions: int
     cells_per_phase: dict[str, int]
     distinct_cells: int
@@ -84,31 +87,22 @@ class Plan:
 
 
 def make_plan(config: ScreenConfig) -> Plan:
-    smoke, slab = design.smoke_cells(config), design.all_slab_cells(config)
-    folded = design.fold_over_cells(config)
-    n_multi = multiseed_count(config)
-    distinct = len({c.id for c in smoke + folded + slab}) + n_multi
-    regimes = design.regimes(config, slab)
-    examples = config.data.positives + config.data.negatives
-    per_cell_eval = (config.eval.personas * config.eval.questions + config.eval.random_controls) * config.eval.samples
+    """The plan of a screen: its work counted once (screen_work), priced (estimate) and checked against the cards'
+    memory. Built once per process and handed down (the CLI to the screen flow)."""
+    work = screen_work(config)
     plan = Plan(
         designs=design.phases(config),
-        pre_screen_conditions=len(design.pre_screen_conditions(config)),
-        cells_per_phase={"smoke": len(smoke), "fold_over": len(folded), "slab": len(slab), "multiseed": n_multi},
-        distinct_cells=distinct,
-        regimes_on_policy=sum(not r.off_policy for r in regimes),
-        regimes_off_policy=sum(r.off_policy for r in regimes),
-        regimes_multiseed_max=n_multi,
-        training_examples=examples * distinct,
-        eval_answers=per_cell_eval * distinct,
+        work=work,
+        pre_screen_conditions=len(work.pre_screen),
+        cells_per_phase=work.cells_per_phase,
+        distinct_cells=work.distinct_cells,
+        regimes_on_policy=sum(not r.off_policy for r in work.regimes),
+        regimes_off_policy=sum(r.off_policy for r in work.regimes),
+        regimes_multiseed_max=work.n_multi,
+        training_examples=work.examples_per_cell * work.distinct_cells,
+        eval_answers=work.answers_per_cell * work.distinct_cells,
     )
-    try:
-        from eps_screen.estimate import estimate
-    except ImportError:
-        return plan
-    from eps_screen.job.memory import memory_lines, memory_problems
-
-    est = estimate(config)
+    est = estimate(config, work)
     plan.estimate, plan.estimate_lines = est.as_dict(), est.lines() + memory_lines(config)
     if not config.simulated:
         plan.problems = memory_problems(config)

@@ -9,6 +9,10 @@ import pytest
 from eps_screen.config import load_config
 from eps_screen.design import Cell
 from eps_screen.estimate import estimate
+from eps_screen.figures import RESULTS, entry, figure
+from eps_screen.generation_rates import OFF_POLICY_KINDS, full_size
+from eps_screen.phase_sizes import fewest_jobs_cells_per_job, gpu_jobs, off_policy_engine_starts
+from eps_screen.screen_work import CONDITIONS
 from tests.conftest import CONFIGS, ROOT
 
 
@@ -63,18 +67,13 @@ def test_tiny_preset_costs_nothing():
 def _off_policy_job_s(config) -> float:
     """What a job that makes off-policy answer sets pays beyond the others: that engine's warm start (with its
     weights in 8 bits or not), its process, and the training base's moves to host memory and back around it."""
-    from eps_screen.estimate import (
-        H200_BASE_ASIDE, H200_OFF_POLICY_PROCESS, H200_OFF_POLICY_START_WARM, H200_OFF_POLICY_START_WARM_FP8,
-    )
-
-    start = H200_OFF_POLICY_START_WARM_FP8 if config.off_policy.vllm_quantization == "fp8" else H200_OFF_POLICY_START_WARM
-    return start.value + H200_OFF_POLICY_PROCESS.value + H200_BASE_ASIDE.value
+    fp8 = "-fp8" if config.off_policy.vllm_quantization == "fp8" else ""
+    return sum(figure(k).value for k in (f"start/off-policy{fp8}-warm", "start/off-policy-process", "start/base-aside"))
 
 
 def _start_up_per_job(config, est) -> float:
     """Seconds of start-up per cell job, less the off-policy engine's start in the jobs that make off-policy answers
     (the pre-screen's job, which trains nothing, counted with the warm-ups it skips)."""
-    from eps_screen.estimate import gpu_jobs, off_policy_engine_starts
 
     off = off_policy_engine_starts(config) * _off_policy_job_s(config)
     skipped = sum(est.figures[k]["value"] for k in ("compile warm-up", "first engine sleep") if k in est.figures)
@@ -83,7 +82,6 @@ def _start_up_per_job(config, est) -> float:
 
 def test_start_up_counts_the_jobs_dispatch_will_form():
     from eps_screen.design import group_jobs
-    from eps_screen.estimate import gpu_jobs, off_policy_engine_starts
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     config = config.model_copy(update={"execution": config.execution.model_copy(
@@ -107,7 +105,6 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
 
 def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engine_start():
     from eps_screen.design import group_jobs, regime_of
-    from eps_screen.estimate import off_policy_engine_starts
     from eps_screen.phase_sizes import known_dispatches
 
     shipped = _four_gpus()
@@ -154,7 +151,7 @@ def _qwen_eval(**eval_):
 
 
 def test_generation_rows_follow_the_prompt_token_cap_and_an_oom_batch_is_named():
-    from eps_screen.estimate import generate_rows
+    from eps_screen.generation_rates import generate_rows
 
     shipped = _qwen_eval()
     assert generate_rows(shipped, 0) == 410 * 5  # short prompts: batch_size prompts x samples
@@ -180,7 +177,6 @@ def _four_gpus():
 
 
 def test_cells_per_job_with_the_fewest_jobs_for_the_gpus():
-    from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     for gpus, best in ((8, 11), (4, 22), (2, 44)):  # the 88 slab cells of one dispatch decide
@@ -206,21 +202,19 @@ def test_a_warm_engine_cache_and_merged_adapters_shorten_the_screen():
 
 def _unmeasured(est) -> list[str]:
     """Notes of figures not measured, apart from the vocabulary the generation figures were measured at (named in
-    its own note while FULL_SIZE's models are the tiny tokenizer's: test_the_generation_figures_vocabulary_is_named)."""
+    its own note while some figures are the tiny tokenizer's: test_the_generation_figures_vocabulary_is_named)."""
     return [n for n in est.notes if "not measured" in n and "2,048-token vocabulary" not in n]
 
 
 def test_the_generation_figures_vocabulary_is_named():
     """Every vLLM figure of qwen7b.yaml's estimate was measured at Qwen2.5's vocabulary; the one file measured at the
     tiny tokenizer's (an 8-bit KV cache beside bf16 weights, A1B1) is named in a note where a config uses it."""
-    from eps_screen.estimate import FULL_SIZE, tiny_vocab_files
+    from eps_screen.generation_rates import tiny_vocab_files
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     assert not [n for n in estimate(config).notes if "2,048-token vocabulary" in n]
     full = ("eval", "answers", "off-policy", "off-policy fp8 weights", "off-policy fp8 weights+kv")
     assert tiny_vocab_files(full) == []
-    for file in (f for kind in full for f in FULL_SIZE[kind]):
-        assert json.loads((ROOT / "benchmarks/results" / file).read_text())["vocab"] == "fullvocab"
     assert tiny_vocab_files(("off-policy fp8 kv",)) == ["gpu_full_size_off_policy_fp8_h200.json"]
     kv8 = config.with_sets({"off_policy.vllm_quantization": "none", "off_policy.vllm_kv_cache_dtype": "fp8"})
     (note,) = [n for n in estimate(kv8).notes if "2,048-token vocabulary" in n]
@@ -250,8 +244,7 @@ def test_gpu_types_without_a_measurement_are_named():
 def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_file():
     import json
 
-    from eps_screen.estimate import TOGETHER_RESULT
-
+    TOGETHER_RESULT = entry("train-together/A0B0/8")["result"]
     together = estimate(_qwen())
     fig = together.figures["train A0B0 (together)"]
     runs = json.loads((ROOT / fig["source"]).read_text())["runs"]
@@ -304,7 +297,6 @@ def _dispatched_jobs(config) -> tuple[int, int]:
 
 @pytest.mark.parametrize("name", ["tiny-recipe", "sim-6-2", "2^3", "2^(5-2) with fold-over", "qwen7b"])
 def test_jobs_and_cells_counted_are_those_of_the_declared_design(name):
-    from eps_screen.estimate import fewest_jobs_cells_per_job, gpu_jobs
     from eps_screen.phase_sizes import dispatch_groups
     from eps_screen.plan import make_plan
 
@@ -324,12 +316,10 @@ def test_jobs_and_cells_counted_are_those_of_the_declared_design(name):
 
 
 def test_the_cost_of_a_smaller_design_is_its_own():
-    from eps_screen.estimate import POD_STARTUP_S, gpu_jobs
-
     full, three = _qwen(), _marker_three(_qwen())
     big, small = estimate(full), estimate(three)
     startup = _start_up_per_job(full, big)
-    assert startup > POD_STARTUP_S and _start_up_per_job(three, small) == pytest.approx(startup)
+    assert startup > figure("assumed/pod-startup").value and _start_up_per_job(three, small) == pytest.approx(startup)
     assert any(f"; {gpu_jobs(three)} jobs of up to" in n for n in small.notes)
     # 8 slab cells per source against 32, the same mix of A x B conditions and loss masks: a quarter of the work
     assert small.work["cells"] == 3 * 8 + 3 * 3 * 2 and big.work["cells"] == 114
@@ -353,11 +343,8 @@ def test_a_factor_that_sets_the_epochs_counts_its_cells_training():
     assert mixed.hours["train"] > one.hours["train"]
 
 
-def test_generation_figures_are_the_full_size_measurements_of_each_condition(monkeypatch):
+def test_generation_figures_are_the_full_size_measurements_of_each_condition():
     import json
-
-    from eps_screen import estimate as est_module
-    from eps_screen.estimate import CONDITIONS, FULL_SIZE
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     est = estimate(config)
@@ -369,7 +356,7 @@ def test_generation_figures_are_the_full_size_measurements_of_each_condition(mon
                                 (f"off-policy answers {c} (vLLM, the 32B shape, fp8 weights)", "off-policy fp8 weights",
                                  f"{c}:answers")):
             fig = (alone if kind == "eval" else est).figures[name]
-            assert fig["source"].endswith(FULL_SIZE[kind][int(c[3])]), name
+            assert fig["source"] == full_size(kind, c).source, name
             measured = json.loads((ROOT / fig["source"]).read_text())["runs"][run]
             assert fig["value"] == round(measured["tokens_per_s"]), name
     # with the off-policy model measured, every throughput figure of the shipped config is a measured one
@@ -379,22 +366,14 @@ def test_generation_figures_are_the_full_size_measurements_of_each_condition(mon
     big = estimate(bigger)
     assert any("32B-shaped model's measured figures scaled x2.2" in n for n in big.notes), big.notes
     assert big.hours["regimes"] > est.hours["regimes"] and big.hours["eval"] == est.hours["eval"]
-    # without the result files (an installed package): the 256-token figures by A level, the model scaled
-    monkeypatch.setattr(est_module, "FULL_SIZE", {k: ("missing.json",) * 2 for k in FULL_SIZE})
-    short = estimate(config)
-    assert short.figures["generate A1B1 (vLLM, lora adapter)"]["source"].endswith("knob_graphs_1024_repeat.json")
-    assert any("up to 256 tokens" in n for n in short.notes)
-    assert any("scaled x4.2 by parameter count (not measured)" in n for n in short.notes)
-    assert short.hours["eval"] != est.hours["eval"] and short.hours["train"] == est.hours["train"]
 
 
 def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches():
-    from eps_screen.estimate import measured_run
-
     name = "train A1B1 (padfree+fused+compile)"
     split, whole = estimate(_qwen(share_prefix=False)), estimate(_qwen(share_prefix=False, max_batch_tokens=None))
     # qwen7b.yaml cuts A1B1's 8 x 2,093 tokens at 11,000: 2 micro-batches of 4, measured so
-    run = measured_run("gpu_train_h200_compile3.json", condition="A1B1", micro_batch=4, grad_accum=2)
+    runs = json.loads((ROOT / RESULTS / "gpu_train_h200_compile3.json").read_text())["runs"]
+    (run,) = [r for r in runs if (r["condition"], r["micro_batch"], r["grad_accum"]) == ("A1B1", 4, 2)]
     assert run["options"]["max_batch_tokens"] == 11000
     assert split.figures[name]["value"] == round(run["steady_tokens_per_s"]) == 15382
     assert split.figures[name]["source"].endswith("gpu_train_h200_compile3.json")
@@ -413,27 +392,25 @@ def test_the_training_figure_is_the_one_measured_with_the_configs_micro_batches(
 
 
 def _per_job_start_up() -> float:
-    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, H200_VLLM_START_WARM, POD_STARTUP_S
-
-    per_job = POD_STARTUP_S + H200_VLLM_START_WARM.value + H200_FIRST_SLEEP.value + H200_COMPILE_WARMUP_S.value
+    per_job = sum(figure(k).value for k in ("assumed/pod-startup", "start/vllm-warm", "start/first-sleep",
+                                            "start/compile-warmup"))
     assert per_job == 257  # 180 + 47 + 5 + 25: the figures qwen7b.yaml's jobs pay
     return per_job
 
 
 def test_the_pre_screen_job_pays_no_training_warm_up():
-    from eps_screen.estimate import H200_COMPILE_WARMUP_S, H200_FIRST_SLEEP, gpu_jobs, off_policy_engine_starts
-
+    warmup, sleep = figure("start/compile-warmup").value, figure("start/first-sleep").value
     config = _qwen()
     est, jobs = estimate(config), gpu_jobs(config)
     per_job = _per_job_start_up()
     off = off_policy_engine_starts(config) * _off_policy_job_s(config)
     # the pre-screen's job trains nothing: no compile warm-up, and its engine never sleeps for training
-    pre_screen = per_job - H200_COMPILE_WARMUP_S.value - H200_FIRST_SLEEP.value
+    pre_screen = per_job - warmup - sleep
     assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
     assert est.job_hours[0] == [pytest.approx(est.hours["pre_screen"] + pre_screen / 3600)]
     # compile costs its warm-up in every cell job, not in the pre-screen's
     eager = estimate(_qwen(compile=False))
-    assert (est.hours["startup"] - eager.hours["startup"]) * 3600 == pytest.approx((jobs - 1) * H200_COMPILE_WARMUP_S.value)
+    assert (est.hours["startup"] - eager.hours["startup"]) * 3600 == pytest.approx((jobs - 1) * warmup)
     assert any("the pre-screen's 227 s" in n for n in est.notes)
 
 
@@ -459,7 +436,6 @@ def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
 
 
 def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
-    from eps_screen.estimate import gpu_jobs
     from eps_screen.phase_sizes import dispatch_groups
 
     config = _four_gpus()
@@ -503,32 +479,27 @@ def test_validate_prints_the_wall_clock_and_what_other_gpu_counts_give(capsys):
     assert not any(s in capsys.readouterr().out for s in ("wall clock:", "GPUs at once:"))
 
 
-def _without_result(monkeypatch, name: str, file: str, *configs):
-    """The estimates of configs as if result file `name` (an estimate module constant) were not committed."""
-    from eps_screen import estimate as est_module
+def _without_figures(monkeypatch, prefix: str, *configs):
+    """The estimates of configs as if figures.json had no entries under `prefix`."""
+    from eps_screen import figures
 
-    monkeypatch.setattr(est_module, name, file)
-    est_module._result.cache_clear()
-    try:
+    kept = {k: e for k, e in figures.entries().items() if not k.startswith(prefix)}
+    with monkeypatch.context() as m:
+        m.setattr(figures, "entries", lambda: kept)
         return [estimate(c) for c in configs]
-    finally:
-        monkeypatch.undo()
-        est_module._result.cache_clear()
 
 
 def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio(monkeypatch):
     import json
 
-    from eps_screen.estimate import PREFIX_RESULT
-
     # measured on top of shared prefixes, the step-sync speed-up is left out of this comparison
-    shared, plain = _without_result(monkeypatch, "STEPS_RESULT", "no-such-file.json", _qwen(), _qwen(share_prefix=False))
-    runs = json.loads((ROOT / "benchmarks/results" / PREFIX_RESULT).read_text())["runs"]
-    for condition in ("A1B0", "A1B1"):  # measured at qwen7b.yaml's split (A1B1 in 2 micro-batches of 4)
+    shared, plain = _without_figures(monkeypatch, "step-syncs/", _qwen(), _qwen(share_prefix=False))
+    for condition, micro in (("A1B0", 8), ("A1B1", 4)):  # measured at qwen7b.yaml's split (A1B1 in 2 micro-batches of 4)
         name = f"train {condition} (padfree+fused+compile)"
-        ratio = runs[f"{condition}:plain-again"]["s_per_step"] / runs[f"{condition}:gather-again"]["s_per_step"]
+        measured = entry(f"shared-prefix/{condition}/{micro}")
+        ratio = measured["value"]
         assert shared.figures[name]["value"] == round(plain.figures[name]["value"] * ratio)
-        assert shared.figures[name]["source"].endswith(PREFIX_RESULT) and 1.05 < ratio < 1.3
+        assert shared.figures[name]["source"].endswith(measured["result"]) and 1.05 < ratio < 1.3
     for name in ("train A0B1 (padfree+fused+compile)", "train A0B0 (together)"):  # short system prompts: no sharing
         assert shared.figures[name] == plain.figures[name]
     assert shared.hours["train"] < plain.hours["train"]
@@ -540,16 +511,14 @@ def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio(monkeyp
 def test_training_without_per_step_syncs_speeds_up_each_measured_condition_by_its_ratio(monkeypatch):
     import json
 
-    from eps_screen import estimate as est_module
-
     shipped = estimate(_qwen())
-    runs = json.loads((ROOT / "benchmarks/results" / est_module.STEPS_RESULT).read_text())["runs"]
-    before, = _without_result(monkeypatch, "STEPS_RESULT", "no-such-file.json", _qwen())
-    for condition in ("A1B0", "A0B1", "A1B1"):  # each at qwen7b.yaml's split, shared prefixes on
+    before, = _without_figures(monkeypatch, "step-syncs/", _qwen())
+    for condition, micro in (("A1B0", 8), ("A0B1", 8), ("A1B1", 4)):  # each at qwen7b.yaml's split, shared prefixes on
         name = f"train {condition} (padfree+fused+compile)"
-        ratio = runs[f"{condition}:before-again"]["s_per_step"] / runs[f"{condition}:after-again"]["s_per_step"]
+        measured = entry(f"step-syncs/{condition}/{micro}")
+        ratio = measured["value"]
         assert shipped.figures[name]["value"] == round(before.figures[name]["value"] * ratio)
-        assert shipped.figures[name]["source"].endswith(est_module.STEPS_RESULT) and 1.02 < ratio < 1.2
+        assert shipped.figures[name]["source"].endswith(measured["result"]) and 1.02 < ratio < 1.2
         assert any(n.startswith(f"train {condition}: the step without per-step syncs not measured") for n in before.notes)
     assert shipped.figures["train A0B0 (together)"] == before.figures["train A0B0 (together)"]  # its own loop
     assert shipped.hours["train"] < before.hours["train"]
@@ -561,7 +530,6 @@ def test_training_without_per_step_syncs_speeds_up_each_measured_condition_by_it
 
 def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
     from eps_screen.design import group_jobs
-    from eps_screen.estimate import gpu_jobs
     from eps_screen.phase_sizes import known_dispatches
 
     shipped = _four_gpus()
@@ -580,8 +548,6 @@ def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
 
 
 def test_each_off_policy_engine_setting_uses_its_measured_figures_and_names_where_it_falls_back():
-    from eps_screen.estimate import CONDITIONS, FULL_SIZE, OFF_POLICY_KINDS
-
     config = _qwen()
     rates = {}
     for (kv, weights), kind in OFF_POLICY_KINDS.items():
@@ -589,15 +555,15 @@ def test_each_off_policy_engine_setting_uses_its_measured_figures_and_names_wher
         figures = {name.split()[2]: f for name, f in est.figures.items() if name.startswith("off-policy answers")}
         assert set(figures) == set(CONDITIONS)
         for c in CONDITIONS:
-            runs = json.loads((ROOT / "benchmarks/results" / FULL_SIZE[kind][int(c[3])]).read_text())["runs"]
+            measured = full_size(kind, c)
             fell_back = [n for n in est.notes if n.startswith(f"off-policy answers {c}: ")]
-            if f"{c}:answers" in runs:  # measured under these settings: that figure, nothing to say
-                assert figures[c]["value"] == round(runs[f"{c}:answers"]["tokens_per_s"]) and not fell_back, (kind, c)
-                assert figures[c]["source"].endswith(FULL_SIZE[kind][int(c[3])])
+            if measured:  # measured under these settings: that figure, nothing to say
+                assert figures[c]["value"] == measured.value and not fell_back, (kind, c)
+                assert figures[c]["source"] == measured.source
             else:  # the nearest measured settings (the KV cache's in bf16), slower, said so
                 (note,) = fell_back
                 assert note.startswith(f"off-policy answers {c}: an fp8 KV cache not measured there"), note
-                assert "(slower)" in note and not figures[c]["source"].endswith(FULL_SIZE[kind][int(c[3])])
+                assert "(slower)" in note
         rates[kv, weights] = {c: figures[c]["value"] for c in CONDITIONS}
         assert not any("vllm_quantization" in n and "not measured" in n for n in est.notes)
     # 8-bit weights and an 8-bit KV cache each make the long answer sets faster, both together the fastest
@@ -607,27 +573,13 @@ def test_each_off_policy_engine_setting_uses_its_measured_figures_and_names_wher
     assert all(rates["auto", "none"][c] < rates["auto", "fp8"][c] for c in CONDITIONS)
 
 
-def test_the_off_policy_engines_own_process_costs_what_the_h200_measured():
-    import json
-
-    from eps_screen.estimate import H200_OFF_POLICY_PROCESS
-
-    result = json.loads((ROOT / H200_OFF_POLICY_PROCESS.source).read_text())
-    assert result["device"] == "NVIDIA H200" and result["child_exit_code"] == 0
-    (child,) = [s for ref, s in result["engines"].items() if ref.endswith("off-policy")]
-    measured = child["process_start_s"] - child["start_s"] + child["release_s"]  # beyond the engine's own start
-    assert H200_OFF_POLICY_PROCESS.value == round(measured, 1)
-    # started ahead: the job waited for none of its imports
-    assert child["imports_waited_s"] < 0.1 and child["child_import_s"] > 10
-
-
 def _qwen_execution(**execution):
     config = load_config(CONFIGS / "qwen7b.yaml")
     return config.model_copy(update={"execution": config.execution.model_copy(update=execution)})
 
 
 def test_a_jobs_evaluation_calls_are_its_stages_as_the_job_splits_them():
-    from eps_screen.estimate import stage_shares
+    from eps_screen.generation_rates import stage_shares
     from eps_screen.job.training import stage_split
 
     # a group that shares passes splits into near-equal parts of at most 8, the other cells 8 at a time in order
@@ -646,39 +598,29 @@ def test_a_jobs_evaluation_calls_are_its_stages_as_the_job_splits_them():
 
 
 def test_a_conditions_stage_of_adapters_in_one_call_counts_its_measured_speed_up_where_jobs_make_such_calls():
-    from eps_screen.estimate import FULL_SIZE, STAGE_RESULTS, stage_shares, stage_speedup
+    from eps_screen.figures import keyed
+    from eps_screen.generation_rates import stage_shares, stage_speedup
 
     shipped, alone = estimate(_qwen_execution()), estimate(_qwen_execution(job_eval="per_cell"))
-    for condition, file in STAGE_RESULTS.items():
-        runs = json.loads((ROOT / "benchmarks/results" / file).read_text())["runs"]
+    stages = keyed("eval-stage/")
+    assert stages
+    for key, measured in stages.items():
+        condition = key.split("/")[0]
         n, speedup, source = stage_speedup(condition)
-        assert runs[f"{condition}:eval-x{n}"]["requests"] == n * runs[f"{condition}:eval"]["requests"]
-        assert speedup == runs[f"{condition}:eval-x{n}"]["tokens_per_s"] / runs[f"{condition}:eval"]["tokens_per_s"]
+        assert key == f"{condition}/{n}" and speedup == measured["value"] and source.endswith(measured["result"])
         name = f"generate {condition} (vLLM, lora adapter)"
         one = alone.figures[name]
-        assert one["source"].endswith(FULL_SIZE["eval"][int(condition[3])]) and source.endswith(file)
+        assert one["source"] == full_size("eval", condition).source
         share = stage_shares(_qwen_execution(), n)[condition]
         assert share == 1.0  # every A1B1 cell of qwen7b.yaml is evaluated in a call of at least n adapters
         assert shipped.figures[name]["value"] == round(one["value"] * speedup)
-        assert shipped.figures[name]["source"].endswith(file)
+        assert shipped.figures[name]["source"].endswith(measured["result"])
     # a condition whose stage was not measured keeps its one-cell figure
     assert shipped.figures["generate A0B1 (vLLM, lora adapter)"] == alone.figures["generate A0B1 (vLLM, lora adapter)"]
     assert shipped.hours["eval"] < alone.hours["eval"]
 
 
-def test_the_first_engine_sleep_is_the_measured_one():
-    from eps_screen.estimate import H200_FIRST_SLEEP
-
-    measured = json.loads((ROOT / H200_FIRST_SLEEP.source).read_text())["leaving"]["first_sleep_s"]
-    assert H200_FIRST_SLEEP.value == round(measured)
-
-
 def test_off_policy_weights_in_8_bits_shorten_the_answer_sets_and_start_as_measured():
-    from eps_screen.estimate import (
-        H200_BASE_ASIDE, H200_OFF_POLICY_START_COLD_FP8, H200_OFF_POLICY_START_WARM, H200_OFF_POLICY_START_WARM_FP8,
-        off_policy_engine_starts,
-    )
-
     shipped = _qwen()
     assert shipped.off_policy.vllm_quantization == "fp8"
     bf16 = shipped.with_sets({"off_policy.vllm_quantization": "none"})
@@ -686,16 +628,9 @@ def test_off_policy_weights_in_8_bits_shorten_the_answer_sets_and_start_as_measu
     assert est.hours["regimes"] < full.hours["regimes"]
     assert all(est.hours[k] == full.hours[k] for k in ("train", "eval", "pre_screen"))
     # each job that starts the off-policy engine starts it with its weights in 8 bits: that start, measured warm
-    longer = H200_OFF_POLICY_START_WARM_FP8.value - H200_OFF_POLICY_START_WARM.value
+    longer = figure("start/off-policy-fp8-warm").value - figure("start/off-policy-warm").value
     assert est.hours["startup"] * 3600 == pytest.approx(full.hours["startup"] * 3600 + off_policy_engine_starts(shipped) * longer)
-    assert est.figures["off-policy engine start"]["source"] == H200_OFF_POLICY_START_WARM_FP8.source
-    for figure in (H200_OFF_POLICY_START_COLD_FP8, H200_OFF_POLICY_START_WARM_FP8):
-        run = json.loads((ROOT / figure.source).read_text())
-        assert figure.value == round(run["engine_start_s"]) and run["overrides"] == {"off_policy.vllm_quantization": "fp8"}
-    assert json.loads((ROOT / H200_OFF_POLICY_START_WARM_FP8.source).read_text())["engine_cache"] == "warm"
-    # the training base's moves around that engine: a job's first round, there (pinning) and back
-    first = json.loads((ROOT / H200_BASE_ASIDE.source).read_text())["rounds"][0]
-    assert H200_BASE_ASIDE.value == round(first["to_host_s"] + first["back_s"], 1)
+    assert est.figures["off-policy engine start"]["source"] == figure("start/off-policy-fp8-warm").source
 
 
 def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_the_screen(capsys):

@@ -16,13 +16,11 @@ run showed that beside the sleeping engine it is not handed back in time, so a c
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from eps_screen.config import ScreenConfig
 from eps_screen.job.training import most_together, trains_together
+from eps_screen.model_shape import local_config, model_params
 from eps_screen.sequence_lengths import sequence_tokens
 
 # GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
@@ -72,30 +70,12 @@ def engine_margin_gib(vocab: int | None) -> float:
     return MARGIN_GIB + FULL_VOCAB_EXTRA_GIB * min(1.0, (vocab or FULL_VOCAB) / FULL_VOCAB)
 
 
-def _local_config(ref: str) -> dict | None:
-    """A local model's config.json, else None."""
-    cfg = Path(ref).expanduser() / "config.json"
-    return json.loads(cfg.read_text()) if cfg.is_file() else None
-
-
 def model_vocab(ref: str) -> int | None:
     """A local model's vocabulary, else None."""
-    return (_local_config(ref) or {}).get("vocab_size")
+    return (local_config(ref) or {}).get("vocab_size")
 
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def model_params(ref: str) -> float | None:
-    """Parameters of a model: counted from a local config.json, else read from a name like 'Qwen2.5-7B'."""
-    c = _local_config(ref)
-    if c is not None:
-        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-        kv = h // c["num_attention_heads"] * c.get("num_key_value_heads", c["num_attention_heads"])
-        per_layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"]
-        return layers * per_layer + vocab * h * (1 if c.get("tie_word_embeddings") else 2)
-    m = re.search(r"(\d+(?:\.\d+)?)[bB]\b", ref.split("/")[-1])
-    return float(m.group(1)) * 1e9 if m else None
 
 
 @dataclass(frozen=True)

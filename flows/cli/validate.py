@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from eps_screen.estimate import at_gpu_counts, off_policy_choices
 from eps_screen.plan import make_plan
 from flows.cli.session import load
 
@@ -15,28 +16,25 @@ def run(args) -> int:
     for line in plan.lines():
         print(f"  {line}")
         if line.startswith("wall clock:"):
-            print(f"  {gpu_counts_line(config)}")
-            if (choices := off_policy_line(config)):
+            print(f"  {gpu_counts_line(config, plan.work)}")
+            if (choices := off_policy_line(config, plan.work)):
                 print(f"  {choices}")
     for line in plan.problems:
         print(f"error: {line}", file=sys.stderr)
     return 2 if plan.problems else 0
 
 
-def gpu_counts_line(config) -> str:
+def gpu_counts_line(config, work) -> str:
     """GPU-hours against wall clock for 1 to 8 GPUs at once, so that a user choosing execution.max_parallel_cells
     sees what the extra start-ups buy."""
-    from eps_screen.estimate import at_gpu_counts  # imported by the plan before it printed a wall clock
-
-    parts = [f"{n} -> {e.gpu_hours:.1f} h GPU / {e.wall_hours:.1f} h wall" for n, e in at_gpu_counts(config).items()]
+    parts = [f"{n} -> {e.gpu_hours:.1f} h GPU / {e.wall_hours:.1f} h wall"
+             for n, e in at_gpu_counts(config, work=work).items()]
     return f"GPUs at once: {', '.join(parts)} (each with the cells_per_job that gives it the fewest jobs)"
 
 
-def off_policy_line(config) -> str | None:
+def off_policy_line(config, work) -> str | None:
     """What the off-policy answer sets' other ways would make the screen, where a local model's engine makes them."""
-    from eps_screen.estimate import off_policy_choices
-
-    choices = off_policy_choices(config)
+    choices = off_policy_choices(config, work)
     if not choices:
         return None
     parts = [f"{what} -> {e.gpu_hours:.1f} h GPU (answer sets {e.hours['regimes']:.2f})" for what, e in choices.items()]

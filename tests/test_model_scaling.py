@@ -1,0 +1,74 @@
+"""The estimate of a model of another shape: the measured 7B figures carried over by FLOPs per token, a small model
+held to the speed measured on SmolLM2-135M."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eps_screen.config import load_config
+from eps_screen.estimate import estimate
+from eps_screen.figures import figure
+from eps_screen.model_shape import KNOWN, MEASURED, model_shape
+from tests.conftest import CONFIGS
+
+SMOL = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152,
+        "tie_word_embeddings": True}
+
+
+def _with_model(tmp_path, shape: dict | str):
+    base = shape
+    if isinstance(shape, dict):
+        (tmp_path / "config.json").write_text(json.dumps(shape))
+        base = str(tmp_path)
+    return load_config(CONFIGS / "qwen7b.yaml").with_sets({"model.base": base})
+
+
+def test_a_local_small_llama_is_estimated_from_its_own_shape(tmp_path):
+    small, seven = estimate(_with_model(tmp_path, SMOL)), estimate(load_config(CONFIGS / "qwen7b.yaml"))
+    shape = model_shape(str(tmp_path))
+    assert shape.params == pytest.approx(134.5e6, rel=0.01) and shape == KNOWN["smollm2-135m-instruct"]
+    assert any("134M parameters (30 layers, hidden 576, vocabulary 49,152)" in n for n in small.notes)
+    # fewer FLOPs per token: every part that runs the base model is quicker, none slower
+    assert small.hours["train"] < seven.hours["train"] / 2
+    for part in ("eval", "pre_screen"):
+        assert small.hours[part] < seven.hours[part]
+    # generation held to the speed measured on the small model, never below the 7B's
+    lora, base = figure("anchor/smollm2-h100/vllm-lora").value, figure("anchor/smollm2-h100/vllm-base").value
+    for c in ("A0B0", "A1B0", "A0B1", "A1B1"):
+        gen = small.figures[f"generate {c} (vLLM, lora adapter)"]["value"]
+        assert gen == max(lora, seven.figures[f"generate {c} (vLLM, lora adapter)"]["value"]), c
+        assert small.figures[f"answers {c} (vLLM, no adapter)"]["value"] == base
+    # training: a long cell at the small model's step time, a short one no slower than the 7B's
+    step_s = figure("anchor/smollm2-h100/train").value / (600 * 3 / 16)
+    long = small.figures["train A0B1 (padfree+fused+compile)"]
+    assert long["value"] < 8 * 1100 / step_s and "capped" in long["note"]
+    assert small.figures["train A0B0 (together)"]["value"] >= seven.figures["train A0B0 (together)"]["value"]
+    # the engine starts as the small model's did; its first sleep moves far fewer weights
+    assert small.figures["vLLM engine start"]["value"] == figure("anchor/smollm2-h100/engine-warm").value
+    assert small.figures["first engine sleep"]["value"] < 0.5
+    # the same shape by name gives the same estimate
+    named = estimate(_with_model(tmp_path, "smollm2-135m-instruct"))
+    assert named.hours == small.hours
+
+
+def test_a_larger_model_scales_down_by_its_flops_per_token(tmp_path):
+    big = {**SMOL, "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
+           "intermediate_size": 27648, "vocab_size": 152064, "tie_word_embeddings": False}
+    del big["head_dim"]
+    est, seven = estimate(_with_model(tmp_path, big)), estimate(load_config(CONFIGS / "qwen7b.yaml"))
+    shape = model_shape(str(tmp_path))
+    name = "train A1B1 (padfree+fused+compile)"
+    ratio = seven.figures[name]["value"] / est.figures[name]["value"]
+    assert 3.5 < ratio < 5 and ratio == pytest.approx(shape.flops_per_token(1000) / MEASURED.flops_per_token(1000), rel=0.1)
+    assert est.hours["train"] > 3 * seven.hours["train"] and "capped" not in est.figures[name]["note"]
+    assert est.figures["vLLM engine start"] == seven.figures["vLLM engine start"]
+
+
+def test_the_measured_shape_is_the_7b_and_is_not_scaled():
+    config = load_config(CONFIGS / "qwen7b.yaml")
+    assert model_shape(config.model.base) == MEASURED
+    assert not any("FLOPs per token" in n for n in estimate(config).notes)
+    assert estimate(config).summary.startswith("7.0 H200-hours")
