@@ -106,3 +106,33 @@ def test_an_installed_copy_prints_the_checkouts_estimate(tmp_path):
     assert checkout.returncode == 0, checkout.stderr[-2000:]
     assert "estimate: 7.0 H200-hours" in installed.stdout
     assert installed.stdout == checkout.stdout
+
+
+def _figures_in_force() -> list[list[str]]:
+    """The rows of BENCHMARKS.md's "Figures in force" tables: [what, value, card, command, result files]."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = text.split("## Figures in force", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| what")]
+    return [r for r in rows if len(r) == 5]
+
+
+def test_benchmarks_figures_in_force_are_the_data_files():
+    """Every number of a "Figures in force" row is a figure of figures.json from that row's result files, and every
+    result file the estimate reads is in the table."""
+    import re
+
+    by_file: dict[str, set] = {}
+    for e in entries().values():
+        if e["result"]:
+            v = e["value"]
+            by_file.setdefault(e["result"], set()).update({round(v), round(v, 1), round(v, 2)})
+    named = set()
+    for what, value, card, command, files in _figures_in_force():
+        row_files = re.findall(r"`([^`]+\.json)`", files)
+        named.update(row_files)
+        known = set().union(*(by_file.get(f, set()) for f in row_files))
+        for number in re.findall(r"\d[\d,]*(?:\.\d+)?", value):
+            n = float(number.replace(",", ""))
+            assert n in known, f"BENCHMARKS.md: {what}: {number} is no figure of {', '.join(row_files)} in figures.json"
+    assert set(by_file) <= named, f"result files missing from BENCHMARKS.md: {sorted(set(by_file) - named)}"
