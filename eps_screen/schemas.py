@@ -97,8 +97,8 @@ class EffectEstimate(_Model):
     status: Literal["main effect", "pre-registered", "exploratory"] = "main effect"
     p_value: float | None = Field(None, description="Two-sided bootstrap p-value of effect = 0 (inverts the widened CI).")
     p_holm: float | None = Field(
-        None, description="Exploratory interactions only: p_value Holm-adjusted over the nine exploratory interactions "
-        "of the same response and source (family-wise error).",
+        None, description="Exploratory interactions only: p_value Holm-adjusted over the screen's exploratory "
+        "interactions of the same response and source (family-wise error).",
     )
 
     @property
@@ -145,10 +145,11 @@ class LogitEffect(_Model):
     log_odds: float | None = Field(description="Log-odds difference, level 1 minus level 0 (2 x the +-1 coefficient).")
     ci: Interval
     p_value: float | None
-    p_holm: float | None = Field(None, description="Exploratory interactions: Holm-adjusted over the nine.")
-    rate_clear: bool = Field(description="The rate-scale CI of the pooled effect excludes 0.")
-    logit_clear: bool = Field(description="This CI excludes 0.")
-    scale: Literal["both scales", "rate scale only", "logit scale only", "neither"]
+    p_holm: float | None = Field(None, description="Exploratory interactions: Holm-adjusted over the exploratory ones.")
+    rate_clear: bool = Field(description="The pooled rate-scale effect is clear (EffectEstimate.clear).")
+    logit_clear: bool = Field(description="This CI excludes 0 (False when there is no estimate).")
+    scale: Literal["both scales", "rate scale only", "logit scale only", "neither", "no estimate"]
+    why: str = Field("", description="Why there is no log-odds estimate (separation, no convergence); empty otherwise.")
 
     @field_validator("log_odds", "p_value", "p_holm", mode="before")
     @classmethod

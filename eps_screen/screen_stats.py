@@ -43,15 +43,15 @@ import numpy as np
 
 from eps_screen.cell_metrics import CellMatrices
 from eps_screen.config import ScreenConfig
+from eps_screen.logit_scale import logit_sensitivity
 from eps_screen.prediction_rules import declared, reported_terms
 from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval, LogitEffect, SimpleEffect
 from eps_screen.stats import (
     bootstrap_p,
     cohens_d_rates,
     few_cluster_factor,
-    holm,
+    holm_exploratory,
     level_mean_matrices,
-    logistic_fe_clustered,
     percentile_ci,
     rate_ci,
     resample_counts,
@@ -99,7 +99,7 @@ def higher_order_words(factors: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 ESTIMATOR = (
     "Effect = mean response over the cells at the high level (coded +1) minus over the cells at the low level "
-    "(-1); an interaction X:Y uses the product of the coded columns. Cohen's d = effect / s, with "
+    "(-1); an interaction of two factors uses the product of their coded columns. Cohen's d = effect / s, with "
     "s^2 = (n_hi*m_hi*(1-m_hi) + n_lo*m_lo*(1-m_lo)) / (n_hi + n_lo), where m_hi and m_lo are the two level means "
     "and n_hi, n_lo their cell counts: s is the pooled within-level standard deviation of the individual 0/1 answers "
     "(marker or not), which for a 0/1 outcome is sqrt(m(1-m)) at each level; it pools the two levels, weighting by "
@@ -386,7 +386,7 @@ def _records(config, est: ScreenEstimates, response, source, stats, counts, part
     cis = {stat: (rate_ci if stat in RATE_STATS else percentile_ci)(boot, ci, obs, widen)
            for stat, (obs, boot) in stats.items()}
     p_values = bootstrap_p(stats["effect"][1], stats["effect"][0], widen)
-    p_holm = _holm_exploratory(est.terms, est.pre_registered, p_values)
+    p_holm = holm_exploratory(est.terms, est.pre_registered, p_values)
     out = []
     for i, term in enumerate(est.terms):
         name = term_name(term)
@@ -404,15 +404,6 @@ def _records(config, est: ScreenEstimates, response, source, stats, counts, part
             pre_registered=pre, status=status,
             p_value=p_values[i], p_holm=p_holm[i] if status == "exploratory" else None,
         ))
-    return out
-
-
-def _holm_exploratory(terms: list[tuple[str, ...]], pre_registered: tuple[str, ...], p_values: np.ndarray) -> np.ndarray:
-    """Holm-adjusted p-values of the exploratory interactions (those not pre-registered; NaN at every other term)."""
-    out = np.full(len(terms), np.nan)
-    family = np.array([i for i, t in enumerate(terms) if len(t) == 2 and term_name(t) not in pre_registered], dtype=int)
-    if family.size:
-        out[family] = holm(np.asarray(p_values)[family])
     return out
 
 
@@ -454,87 +445,6 @@ def _simple_records(config, factors, pair, response, source, stats, partial, ci,
         )
         for k in (0, 1)
     ]
-
-
-# --------------------------------------------------------------------------- logit-scale sensitivity
-
-LOGIT_MODEL = (
-    "Binomial logistic regression of the answers, pooled over sources: logit P(marker) = fixed effect of "
-    "(source, {cluster}) + the {n_terms} coded terms ({n_main} main effects, {n_pairs} two-factor interactions); a term's log-odds effect "
-    "is 2 x its coefficient (level 1 minus level 0). Standard errors: cluster-robust sandwich by {cluster} (CR1, "
-    "G = {g}), {training}; {ci:.0%} intervals and p-values from t with G-1 df. Groups in which every answer was alike "
-    "carry no information and are left out ({dropped} left out)."
-)
-
-
-def logit_sensitivity(
-    config: ScreenConfig, mats: CellMatrices, idx: np.ndarray, src: np.ndarray, coded: np.ndarray,
-    sources: list[str], est: ScreenEstimates,
-) -> tuple[str, list[LogitEffect]]:
-    """The reported terms on the log-odds scale, one pooled fit per response, beside the rate-scale pooled effects.
-
-    SR: (cell, question) marker counts, fixed effects source x question, clusters = questions. LR: (cell, persona)
-    rates of the non-source personas times their answer counts, fixed effects source x persona, clusters =
-    personas. When the CIs carry training-run noise, its variance is added to each log-odds effect's: 4 s^2 / cells
-    (a balanced design's coefficient averages cells with weight 1/cells), s^2 the cells' mean of their source's.
-    """
-    from scipy.special import stdtr, stdtrit  # Student t CDF and quantile (scipy.stats itself takes seconds to import)
-
-    ci = config.bootstrap.ci
-    src_i = np.array([sources.index(s) if s in sources else -1 for s in src])
-    cols = term_columns(coded, est.factors, est.terms)
-    design = np.column_stack([np.ones(int((src_i >= 0).sum())), cols[src_i >= 0]])
-    if np.linalg.matrix_rank(design) < design.shape[1]:  # e.g. only the smoke fraction: D is A x B there
-        return (f"Not fitted: the cells present do not separate the {len(est.terms)} terms (some are aliased, as D and "
-                "A x B are in the marker screen's smoke fraction), so their log-odds effects are not estimable.", [])
-    out: list[LogitEffect] = []
-    texts = []
-    for response in RESPONSES:
-        if response == "SR":
-            succ, trials, cluster_name = mats.sr_markers[idx], mats.sr_answers[idx], "question"
-        else:
-            per = (mats.cells.get_column("n_leak").to_numpy() / np.maximum(mats.cells.get_column("leak_personas").to_numpy(), 1))[idx]
-            trials = mats.lr_mask[idx] * per[:, None]
-            succ, cluster_name = mats.lr_rates[idx] * trials, "persona"
-        n_cells, n_k = succ.shape
-        if n_k == 0 or n_cells == 0:
-            continue
-        keep = np.repeat(src_i >= 0, n_k)
-        k_idx = np.tile(np.arange(n_k), n_cells)
-        fit = logistic_fe_clustered(
-            succ.ravel()[keep], trials.ravel()[keep], np.repeat(cols, n_k, axis=0)[keep],
-            (np.repeat(src_i, n_k) * n_k + k_idx)[keep], k_idx[keep],
-        )
-        by_source = est.training.get(response, {})
-        cells_of = {x: int((src == x).sum()) for x in sources}
-        s = float(np.sqrt(sum(cells_of[x] * n.ci_sd(ci) ** 2 for x, n in by_source.items()) / max(sum(cells_of.values()), 1)))
-        effect, se = 2 * fit.coef, np.sqrt((2 * fit.se) ** 2 + 4 * s**2 / max(int((src_i >= 0).sum()), 1))
-        df = max(fit.clusters - 1, 1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tstat = effect / se
-        p = 2 * stdtr(df, -np.abs(tstat))
-        half = stdtrit(df, 1 - (1 - ci) / 2) * se
-        p_holm = _holm_exploratory(est.terms, est.pre_registered, p)
-        for i, term in enumerate(est.terms):
-            name = term_name(term)
-            rate = est.find(response, name)
-            rate_clear = rate is not None and rate.effect_ci.excludes_zero()
-            iv = Interval(low=effect[i] - half[i], high=effect[i] + half[i])
-            logit_clear = iv.excludes_zero()
-            scale = {(True, True): "both scales", (True, False): "rate scale only",
-                     (False, True): "logit scale only", (False, False): "neither"}[(rate_clear, logit_clear)]
-            out.append(LogitEffect(
-                term=name, label=term_label(config, term), response=response, log_odds=effect[i], ci=iv,
-                p_value=p[i], p_holm=p_holm[i] if len(term) == 2 and name not in est.pre_registered else None,
-                rate_clear=rate_clear, logit_clear=logit_clear, scale=scale,
-            ))
-        training = (f"plus the training-run variance 4 s^2 / cells (s = {s:.3f}, the cells' root mean square)" if s > 0 else
-                    "without a training-run term (none estimated)")
-        texts.append(f"{response}: " + LOGIT_MODEL.format(
-            cluster=cluster_name, g=fit.clusters, training=training, ci=ci, dropped=fit.dropped, n_terms=len(est.terms),
-            n_main=len(est.factors), n_pairs=len(est.terms) - len(est.factors),
-        ) + ("" if fit.converged else " The fit did not converge; read it with care."))
-    return " ".join(texts), out
 
 
 _AB = [(a, b) for a in (0, 1) for b in (0, 1)]

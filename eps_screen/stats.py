@@ -336,6 +336,15 @@ def holm(p: Sequence[float] | np.ndarray) -> np.ndarray:
     return out
 
 
+def holm_exploratory(terms: list[tuple[str, ...]], pre_registered: tuple[str, ...], p_values: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values of the exploratory interactions (those not pre-registered; NaN at every other term)."""
+    out = np.full(len(terms), np.nan)
+    family = np.array([i for i, t in enumerate(terms) if len(t) == 2 and term_name(t) not in pre_registered], dtype=int)
+    if family.size:
+        out[family] = holm(np.asarray(p_values)[family])
+    return out
+
+
 # --------------------------------------------------------------------------- logit-scale sensitivity
 
 
@@ -343,7 +352,8 @@ def holm(p: Sequence[float] | np.ndarray) -> np.ndarray:
 class LogitFit:
     """A binomial logistic model with group fixed effects and cluster-robust (sandwich) standard errors.
 
-    coef / se: of the non-fixed-effect columns (on the columns' own coding); clusters: G; converged: IRLS reached
+    coef / se: of the non-fixed-effect columns (on the columns' own coding; se NaN when not converged); clusters: G;
+    converged: IRLS reached
     its tolerance; dropped: fixed-effect groups left out because every answer in them was alike (their intercept
     would be infinite and they say nothing about the other coefficients).
     """
@@ -394,17 +404,26 @@ def logistic_fe_clustered(
         return x - means[gidx], wg
 
     converged = False
-    for _ in range(max_iter):
-        p = 1 / (1 + np.exp(-(alpha[gidx] + x @ beta)))
-        w, r = n * p * (1 - p), y - n * p
-        xt, wg = centred(w)
-        step_b = np.linalg.lstsq(xt.T @ (xt * w[:, None]), xt.T @ r, rcond=None)[0]
-        # alpha's step given beta's: the group's score left after beta's step, over the group's weight
-        step_a = (np.bincount(gidx, r, n_groups) - np.bincount(gidx, w * (x @ step_b), n_groups)) / wg
-        alpha, beta = alpha + step_a, beta + step_b
-        if max(np.max(np.abs(step_a)), np.max(np.abs(step_b))) < tol:
-            converged = True
-            break
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for _ in range(max_iter):
+            p = 1 / (1 + np.exp(-(alpha[gidx] + x @ beta)))
+            w, r = n * p * (1 - p), y - n * p
+            xt, wg = centred(w)
+            if not (np.all(np.isfinite(xt)) and np.all(wg > 0)):  # a fitted rate reached 0 or 1: no finite maximum
+                break
+            try:
+                step_b = np.linalg.lstsq(xt.T @ (xt * w[:, None]), xt.T @ r, rcond=None)[0]
+            except np.linalg.LinAlgError:
+                break
+            # alpha's step given beta's: the group's score left after beta's step, over the group's weight
+            step_a = (np.bincount(gidx, r, n_groups) - np.bincount(gidx, w * (x @ step_b), n_groups)) / wg
+            alpha, beta = alpha + step_a, beta + step_b
+            if max(np.max(np.abs(step_a)), np.max(np.abs(step_b))) < tol:
+                converged = True
+                break
+    if not converged:
+        nan = np.full(k, np.nan)
+        return LogitFit(beta, nan, 0, False, dropped)
     p = 1 / (1 + np.exp(-(alpha[gidx] + x @ beta)))
     w, r = n * p * (1 - p), y - n * p
     xt, _ = centred(w)
