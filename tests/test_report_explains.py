@@ -2,7 +2,7 @@
 
 Its factor levels are the ones tiny.yaml ran (a 40-word long prompt, its format texts, its off-policy model), SR
 and LR are defined on it, no table has a column that is empty in every row, a fired late gate is explained, the
-TL;DR is short and in the first person, and the figures label what they show.
+TL;DR is short and in the neutral voice of a report, and the figures label what they show.
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ def test_no_column_is_empty(tiny_report):
     assert all(re.fullmatch(r"[-+0]( [-+0]){2}(  \(flips\))?", row[signs]) for row in inter[1:])
 
 
-def test_tldr_is_short_first_person_and_explains_a_fired_late_gate(tiny_report):
+def test_tldr_is_short_neutral_and_explains_a_fired_late_gate(tiny_report):
     config, result, _, page = tiny_report
     text = tldr(config, result)
-    assert text.startswith("I trained 96 LoRA recipes on 3 source personas") and len(text.split()) <= 130
+    assert text.startswith("This screen trained 96 LoRA recipes on 3 source personas") and len(text.split()) <= 130
     # A x B is clear here, so A's average over B is not its effect: the TL;DR gives A at B0 and at B1 (issue 12)
     assert f"{config.factors['A'].label} (A) has the largest average effect on source rate" in text
     assert "but A x B is clear: the interaction is" in text and "moves source rate most" not in text

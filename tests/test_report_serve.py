@@ -182,7 +182,7 @@ def test_summary_markdown_has_tldr_gates_and_effects(store):
                              make_plan(config).distinct_cells, "/data/eps-results")
     assert ("[clean_result.html](http://127.0.0.1:8765/sim/report/clean_result.html) in the store "
             "`/data/eps-results`") in text
-    assert re.search(r"\*\*TL;DR\.\*\* I trained \d+ LoRA recipes", text)
+    assert re.search(r"\*\*TL;DR\.\*\* This screen trained \d+ LoRA recipes", text)
     assert "| gate | fired | reason |" in text and "| effect (pooled over sources) |" in text
     assert len(re.findall(r"^\| [A-E] .*\| (SR|LR) \|", text, re.MULTILINE)) == 10  # 5 factors x 2 responses
     assert re.search(r"Cells present: \d+ of \d+ cells", text)

@@ -53,7 +53,7 @@ def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str
     ranked = _ranked(result, response)
     name = _NAMES[response]
     if not ranked:
-        return f"I could not estimate {name}."
+        return f"{name[0].upper()}{name[1:]} could not be estimated."
     top, f = ranked[0], config.factors[ranked[0].term]
     d = f"d = {_signed(top.d)} [{_signed(top.d_ci.low)}, {_signed(top.d_ci.high)}]"
     simple = _simple_clause(result, response)
@@ -116,7 +116,8 @@ LATE_GATES = {
 
 
 def tldr(config: ScreenConfig, result: AggregateResult) -> str:
-    """A short first-person paragraph that states the answer."""
+    """A short paragraph in the neutral voice of a report that states the answer; the predictions are counted in
+    the words of their table's verdict column."""
     cov = result.metrics.coverage
     sources = result.estimates.sources
     parts: list[str] = []
@@ -124,19 +125,19 @@ def tldr(config: ScreenConfig, result: AggregateResult) -> str:
         parts.append(f"This screen is partial ({len(cov.missing_cells)} of {cov.expected} cells missing), so every "
                      "number is provisional.")
     if not sources:
-        parts.append("No factorial cell results yet, so I cannot rank the factors.")
+        parts.append("No factorial cell results yet, so the factors cannot be ranked.")
     else:
         simulated = config.backend.training == "simulated"
-        parts.append(f"I {'simulated' if simulated else 'trained'} {cov.factorial_cells} LoRA recipes on "
+        parts.append(f"This screen {'simulated' if simulated else 'trained'} {cov.factorial_cells} LoRA recipes on "
                      f"{len(sources)} source persona{'s' if len(sources) > 1 else ''} and counted the marker in their "
                      + ("simulated answers (nothing was trained)." if simulated else "answers."))
         parts += [_answer(config, result, "SR"), _answer(config, result, "LR")]
     verdicts = Counter(p.verdict for p in result.metrics.predictions)
     if verdicts:
-        said = {"confirmed": "held", "not confirmed": "failed", "inconclusive": "were inconclusive",
-                "not evaluable": "could not be judged"}
-        parts.append(f"Of my {sum(verdicts.values())} predictions, "
-                     + ", ".join(f"{verdicts[v]} {w}" for v, w in said.items() if verdicts[v]) + ".")
+        order = ("confirmed", "not confirmed", "inconclusive", "not evaluable")
+        parts.append(f"Of the {sum(verdicts.values())} pre-registered predictions: "
+                     + ", ".join(f"{verdicts[v]} {v}" for v in (*order, *sorted(set(verdicts) - set(order))) if verdicts[v])
+                     + ".")
     for g in (g for g in result.metrics.gates if g.fired):
         meaning = LATE_GATES.get(g.number)
         parts.append(f"Kill criterion {g.number} ({g.name}) fired: {meaning or g.reason}.")

@@ -97,7 +97,7 @@ def test_it_runs_through_gate_2_to_a_report_that_shows_the_marker(ping_screen):
     assert f"contain the marker {MARKER}" in page  # the SR definition names the screen's marker
     assert f"marker '{MARKER}'" in page  # the recipe table
     assert "[ZLT]" not in page
-    assert "I trained 8 LoRA recipes on 1 source persona" in page
+    assert "This screen trained 8 LoRA recipes on 1 source persona" in page
     assert "astronaut-A0B0C0D1E1-s42" in page  # the cells of the panel file's persona
 
 

@@ -472,7 +472,7 @@ def test_a_screen_started_from_the_preset_form_reads_in_the_ui(stack: Stack):
         assert gate in gate_runs, gate_runs[:2000]
     for phase in ("phase 0: pre-screen", "phase 1: smoke", "phase 2: slabs", "phase 4: aggregation"):
         assert phase in phases, phases[:2000]
-    assert re.search(r"TL;DR\. I simulated \d+ LoRA recipes", page), page[:2000]  # the preset form: simulated
+    assert re.search(r"TL;DR\. This screen simulated \d+ LoRA recipes", page), page[:2000]  # the preset form: simulated
     assert "What these numbers are. Simulated: no model was trained" in page, page[:2000]
     assert "TL;DR." in summary and "114 of 114 cells" in summary, summary[:2000]
     # the gate table, as the summary artifact renders it: gate, fired, reason
@@ -581,7 +581,7 @@ def test_a_screen_of_declared_factors_from_the_preset_dropdown(stack: Stack):
     # named by the six declared factors.
     assert all(label in page for label in SIM_6_2_LABELS), page[:3000]
     assert not [label for label in MARKER_LABELS if label in page], page[:3000]
-    assert re.search(r"TL;DR\. I simulated 48 LoRA recipes on 3 source personas", page), page[:2000]
+    assert re.search(r"TL;DR\. This screen simulated 48 LoRA recipes on 3 source personas", page), page[:2000]
     source = requests.get(stack.report_link(name), timeout=30).text
     cells = set(re.findall(r"\b(?:librarian|surgeon|programmer)-A[01]B[01]C[01]D[01]E[01]F[01]-s42\b", source))
     assert len(cells) == 48, sorted(cells)  # the 16 runs of the 2^(6-2) for each source
@@ -612,7 +612,7 @@ def test_a_screen_of_declared_factors_through_use_json_input(stack: Stack):
         assert row in summary, (row, summary[:3000])
     assert all(label in page for label in ("Learning rate", "LoRA rank", "Epochs")), page[:3000]
     assert not [label for label in MARKER_LABELS if label in page], page[:3000]
-    assert re.search(r"TL;DR\. I simulated 16 LoRA recipes on 2 source personas", page), page[:2000]
+    assert re.search(r"TL;DR\. This screen simulated 16 LoRA recipes on 2 source personas", page), page[:2000]
     source = requests.get(stack.report_link(name), timeout=30).text
     cells = set(re.findall(r"\b(?:librarian|surgeon)-L[01]R[01]N[01]-s42\b", source))
     assert len(cells) == 16, sorted(cells)  # the full 2^3 of each source
