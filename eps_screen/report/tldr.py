@@ -53,6 +53,9 @@ def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str
     ranked = _ranked(result, response)
     name = _NAMES[response]
     if not ranked:
+        pooled = [e for e in result.main_effects.effects if e.source == "pooled" and e.response == response]
+        if pooled and all(e.mean_low in (0.0, 1.0) and e.mean_high == e.mean_low for e in pooled):
+            return f"Every cell's {name} is {pooled[0].mean_low:.0%}, so no factor can be said to move it."
         return f"{name[0].upper()}{name[1:]} could not be estimated."
     top, f = ranked[0], config.factors[ranked[0].term]
     d = f"d = {_signed(top.d)} [{_signed(top.d_ci.low)}, {_signed(top.d_ci.high)}]"
