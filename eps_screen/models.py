@@ -1,4 +1,5 @@
-"""Loading base models and tokenizers: hub ids, local paths, or the locally built tiny variants.
+"""Loading base models and tokenizers: hub ids, local paths, packaged or GGUF weights, or the locally built tiny
+variants.
 
 One process loads a base once (`load_base` caches it) and runs many cells against it: training wraps it in a
 LoRA adapter and unloads the adapter afterwards, generation applies adapters the same way.
@@ -22,17 +23,21 @@ from typing import Any
 
 from eps_screen.config import is_tiny
 from eps_screen.cpu_process import prepare_cpu_process
+from eps_screen.packaged_models import hf_dir, is_converted
 from eps_screen.tinymodel import tiny_model_path
 
 log = logging.getLogger(__name__)
 
 def resolve(ref: str) -> str:
-    """A path or hub id that transformers and vLLM can load (tiny variants are built on first use).
+    """A path or hub id that transformers and vLLM can load (tiny variants are built, and packaged or GGUF weights
+    converted, on first use: eps_screen.packaged_models).
 
     A local directory wins over a hub id of the same spelling; `~` is expanded. Anything else is passed on as a
     hub id (transformers then looks in the local HF cache first and downloads only if it must)."""
     if is_tiny(ref):
         return str(tiny_model_path(ref))
+    if is_converted(ref):
+        return str(hf_dir(ref))
     local = Path(ref).expanduser()
     if local.is_dir():
         return str(local.resolve())
@@ -66,10 +71,10 @@ def attn_implementation(requested: str) -> str:
 
 @lru_cache(maxsize=4)
 def load_tokenizer(ref: str, revision: str | None = None):
-    """The model's own tokenizer and chat template (Qwen2.5's from the hub, the tiny model's from its folder)."""
+    """The model's own tokenizer and chat template (from the hub, a converted model's directory or the tiny model's)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve(ref), revision=None if is_tiny(ref) else revision)
+    tok = AutoTokenizer.from_pretrained(resolve(ref), revision=None if is_tiny(ref) or is_converted(ref) else revision)
     if not tok.chat_template:
         raise ValueError(f"{ref}: the tokenizer has no chat template; eps-screen needs a chat model")
     tok.padding_side = "left"  # decoder-only batched generation needs left padding (TRL pads its batches itself)
@@ -104,7 +109,7 @@ def load_base(ref: str, dtype: str = "float32", attn: str = "sdpa", revision: st
         dev = device()
         model = AutoModelForCausalLM.from_pretrained(
             resolve(ref),
-            revision=None if is_tiny(ref) else revision,
+            revision=None if is_tiny(ref) or is_converted(ref) else revision,
             dtype=torch_dtype(dtype),
             attn_implementation=attn_implementation(attn),
             device_map=dev if dev == "cuda" else None,

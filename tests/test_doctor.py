@@ -17,10 +17,10 @@ from tests.fakes.fixtures import TEST_KEY, fake_runpod_fixture  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-CHECKS = ["config", "store", "prefect api", "work pool", "workers", "cell deployment", "credentials", "cpu pool",
+CHECKS = ["config", "weights", "store", "prefect api", "work pool", "workers", "cell deployment", "credentials", "cpu pool",
           "cpu workers", "screen deployment", "preset deployment", "aggregate deployment"]
 LINE = re.compile(rf"^(ok  |FAIL|skip) ({'|'.join(CHECKS)}): \S")
-UI = CHECKS[7:]
+UI = CHECKS[8:]
 
 
 def write_config(tmp_path: Path, pool: str = "local-gpu", **overrides) -> str:
@@ -134,6 +134,18 @@ def test_missing_config_file(tmp_path, capsys):
 def test_invalid_config(tmp_path, capsys):
     code, lines = doctor(capsys, write_config(tmp_path, sources=["librarian", "pirate"]))
     assert code == 1 and lines["config"].startswith("FAIL config: sources: unknown personas ['pirate']")
+
+
+def test_weights_not_fetched(tmp_path, capsys, monkeypatch):
+    """A packaged model whose file is not here: one line that names the command fetching it."""
+    monkeypatch.setenv("EPS_SCREEN_CACHE", str(tmp_path / "cache"))
+    code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess", model={"base": "smollm2-135m-instruct"},
+                                              backend={"training": "trl", "generation": "transformers"}))
+    assert code == 1 and lines["weights"].startswith("FAIL weights: model 'smollm2-135m-instruct': its weights are "
+                                                     "not fetched")
+    assert lines["weights"].endswith("run `eps-screen models fetch smollm2-135m-instruct`")
+    code, lines = doctor(capsys, write_config(tmp_path, pool="inprocess"))
+    assert lines["weights"] == "ok   weights: none: the simulated backend trains and asks no model", lines
 
 
 def test_store_not_writable(tmp_path, capsys):

@@ -40,7 +40,10 @@ def numbers_are(config: ScreenConfig) -> str:
         return ("Tiny model: the cells fine-tuned eps-screen's own tiny chat model (2 layers, hidden size 128, built "
                 "on this machine), so these numbers show the pipeline working end to end and measure nothing about "
                 "how LoRA implants a marker in a real chat model.")
-    return f"Real model: every cell is a LoRA fine-tune of {config.model.base}, evaluated on its answers."
+    from eps_screen.packaged_models import described
+
+    model = described(config.model.base) or config.model.base
+    return f"Real model: every cell is a LoRA fine-tune of {model}, evaluated on its answers."
 
 
 def _ranked(result: AggregateResult, response: str) -> list[EffectEstimate]:

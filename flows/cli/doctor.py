@@ -1,6 +1,7 @@
 """`eps-screen doctor [CONFIG]`: preflight checks before anything is rented, one line each.
 
-Checks, in order: the config is valid; the result store is writable (a URL store: an object written, read back
+Checks, in order: the config is valid; its model's weights are here (a packaged model's file fetched) and where they
+come from; the result store is writable (a URL store: an object written, read back
 and deleted there) and reachable by the pool's cells (RunPod pods need a URL store); the Prefect API answers;
 the pool exists with a worker online; the cell deployment exists; the pool has the credentials it needs (RunPod:
 each account's key is found and RunPod accepts it, by one read call, `myself`, at $RUNPOD_API_BASE_URL). Then,
@@ -65,6 +66,14 @@ class Doctor:
             more = f" (+{n} more: eps-screen validate {self.config_path})" if n else ""
             raise ValueError(f"{err.problems[0]}{more}") from None
         return f"{self.config_path} is valid (screen {self.config.name!r}, pool {self.config.execution.pool})"
+
+    def check_weights(self) -> str:
+        from eps_screen.packaged_models import weights_of, weights_problems
+
+        cfg = self._need_config()
+        if problems := weights_problems(cfg):
+            raise FileNotFoundError("; ".join(problems))
+        return weights_of(cfg)
 
     def check_store(self) -> str:
         cfg = self._need_config()
@@ -218,8 +227,8 @@ class Doctor:
         return cfg
 
     def checks(self) -> list[tuple[str, Callable[[], str]]]:
-        return [("config", self.check_config), ("store", self.check_store), ("prefect api", self.check_api),
-                ("work pool", self.check_pool), ("workers", self.check_workers),
+        return [("config", self.check_config), ("weights", self.check_weights), ("store", self.check_store),
+                ("prefect api", self.check_api), ("work pool", self.check_pool), ("workers", self.check_workers),
                 ("cell deployment", self.check_deployment), ("credentials", self.check_credentials),
                 ("cpu pool", self.check_ui_pool), ("cpu workers", self.check_ui_workers),
                 *[(f"{kind} deployment", partial(self.check_ui_deployment, name)) for kind, name in UI_DEPLOYMENTS]]

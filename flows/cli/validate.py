@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from eps_screen.estimate import at_gpu_counts, off_policy_choices
+from eps_screen.packaged_models import weights_of
 from eps_screen.plan import make_plan
 from flows.cli.session import load
 
@@ -12,6 +13,7 @@ from flows.cli.session import load
 def run(args) -> int:
     config = load(args.config)
     print(f"{args.config}: valid screen '{config.name}' (model {config.model.base}, sources {', '.join(config.sources)})")
+    print(f"  weights: {weights_of(config)}")
     plan = make_plan(config)
     for line in plan.lines():
         print(f"  {line}")

