@@ -78,10 +78,25 @@ RECORDER = """<script>
         var svg = div.querySelector('svg.main-svg').getBoundingClientRect();
         ticks[id] = {boxes: boxes, width: svg.width, height: svg.height, left: svg.left, right: svg.right};
       });
+      // the half-normal plots' point labels (the effects beyond Lenth's SME), by figure and subplot
+      var labels = {};
+      ['half_normal_SR', 'half_normal_LR'].forEach(function (id) {
+        var div = document.getElementById(id), boxes = [];
+        if (!div) return;
+        div.querySelectorAll('g.textpoint text').forEach(function (t) {
+          if (!t.textContent.trim()) return;
+          var r = t.getBoundingClientRect(), sub = t.closest('g.subplot');
+          boxes.push({text: t.textContent, subplot: sub ? sub.getAttribute('class') : '?', l: r.left, r: r.right,
+                      t: r.top, b: r.bottom});
+        });
+        var svg = div.querySelector('svg.main-svg');
+        labels[id] = {boxes: boxes, points: div.querySelectorAll('.scatterlayer .point').length,
+                      svg: svg ? svg.getBoundingClientRect().toJSON() : null};
+      });
       var details = document.querySelector('details#design');
       var out = document.createElement('pre');
       out.id = '__report';
-      out.textContent = JSON.stringify({errors: errors, figures: figures, sections: sections, ticks: ticks,
+      out.textContent = JSON.stringify({errors: errors, figures: figures, sections: sections, ticks: ticks, labels: labels,
                                         details_open: details ? details.open : null,
                                         plotly: typeof Plotly});
       document.body.appendChild(out);
@@ -162,6 +177,21 @@ def test_every_tick_label_can_be_read_at_the_default_size(rendered):
             assert all(seen["left"] - 1 <= b["l"] and b["r"] <= seen["right"] + 1 for b in boxes), (fig, key)
     heat = [b for k, v in report["ticks"]["persona_heatmap"]["boxes"].items() if k.endswith(" y") for b in v]
     assert len(heat) == 96
+
+
+def test_a_half_normal_plot_per_response_renders_with_labels_that_do_not_overlap(rendered):
+    """Every contrast of the 2^5 drawn in each of the four panels (pooled and three sources) of each response; the
+    effects beyond Lenth's SME labelled, no two labels running into each other, all inside the figure."""
+    _, report, _, _ = rendered
+    for fig in ("half_normal_SR", "half_normal_LR"):
+        seen = report["labels"][fig]
+        assert seen["points"] == 4 * 31, (fig, seen["points"])
+        assert {b["subplot"] for b in seen["boxes"]} and len(seen["boxes"]) >= 4, fig
+        assert not _overlaps(seen["boxes"]), (fig, _overlaps(seen["boxes"])[:5])
+        svg = seen["svg"]
+        assert all(svg["left"] - 1 <= b["l"] and b["r"] <= svg["right"] + 1 and svg["top"] - 1 <= b["t"]
+                   and b["b"] <= svg["bottom"] + 1 for b in seen["boxes"]), fig
+    assert {"A", "B", "A:B"} <= {b["text"] for b in report["labels"]["half_normal_SR"]["boxes"]}
 
 
 def test_design_section_is_collapsed(rendered):

@@ -1,4 +1,4 @@
-"""The screen's report: three plotly figures and clean_result.html.
+"""The screen's report: its plotly figures (the half-normal plot one per response) and clean_result.html.
 
 write_report is the one entry point (aggregate.aggregate calls it). Each figure is also written on its
 own, as plotly JSON (to re-open or restyle) and as an HTML fragment without plotly.js (to embed, e.g.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from eps_screen.config import ScreenConfig
+from eps_screen.report import half_normal
 from eps_screen.report.figures import ab_interaction, factor_ranking, persona_heatmap
 from eps_screen.report.labels import with_level_labels
 from eps_screen.report.page import render
@@ -35,10 +36,12 @@ def heatmap_personas(config: ScreenConfig, result: AggregateResult) -> list[str]
 
 def build_figures(config: ScreenConfig, result: AggregateResult) -> dict[str, go.Figure]:
     note = " (PARTIAL)" if result.partial else ""
+    found = half_normal.panels(config, result)
     return {
         "factor_ranking": factor_ranking(config, result.main_effects.effects, note),
         "ab_interaction": ab_interaction(config, result.metrics.ab_means, note, _pair(result)),
         "persona_heatmap": persona_heatmap(config, result.metrics.cells, heatmap_personas(config, result), note),
+        **{f"half_normal_{r}": half_normal.figure(config, found, r, note) for r in ("SR", "LR")},
     }
 
 

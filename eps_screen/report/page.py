@@ -17,7 +17,7 @@ from plotly.offline import get_plotlyjs
 from eps_screen.config import ScreenConfig
 from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.gates import GATE_NAMES
-from eps_screen.report import sections
+from eps_screen.report import half_normal, sections
 from eps_screen.report.tables import Table, figure_div, num, span
 from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
 
@@ -158,6 +158,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         bootstrap=b, training=training_context(result), caveats=caveats,
         cells=_cells_table(result), seeds=_seed_table(result), examples=_examples(result), excerpt_chars=EXCERPT_CHARS,
         recipe=sections.recipe(config), design=sections.design(config),
+        half_normal=half_normal.context(config, result, half_normal.panels(config, result)),
         screen=result.metrics.screen, created_at=result.metrics.created_at, provenance=p,
         libraries=", ".join(f"{k} {v}" for k, v in (p.get("libraries") or {}).items() if v),
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from eps_screen.config import ScreenConfig
 from eps_screen.design import phases
 from eps_screen.phase_sizes import multiseed_count
+from eps_screen.plackett_burman import PlackettBurman, ratio
 from eps_screen.report.tables import Table, ci, clear_mark, num, p_text, signs, span
 from eps_screen.report.recipe import recipe_rows
 from eps_screen.schemas import EffectEstimate
@@ -144,9 +145,12 @@ def caveats(config: ScreenConfig, result: AggregateResult) -> dict:
         "pre": [t.replace(":", " x ") for t in result.estimates.pre_registered],
         "d_rules": [f"{r.term} {_ORDER[r.direction]} {r.threshold:g}" for r in rules
                     if r.scale == "d" and r.quantity == "value" and r.response != "SR x LR" and r.threshold],
-        "smoke_aliases": "", "mean": None, "sd": None, "p4_non_monotone": False, "p4_factor": "",
+        "smoke_aliases": "", "plackett_burman": None, "mean": None, "sd": None, "p4_non_monotone": False, "p4_factor": "",
     }
     designs = phases(config)
+    if isinstance(designs.slab, PlackettBurman):
+        out["plackett_burman"] = {"slab": designs.slab.describe(), "corr": " or ".join(sorted(designs.slab.correlations())),
+                                  "n": designs.slab.n}
     smoke_aliases = {x: v for x, v in designs.smoke.aliases().items() if len(x) == 1 and v}
     if smoke_aliases:
         out.update(
@@ -186,10 +190,17 @@ def design(config: ScreenConfig) -> dict:
                           ((i + 1, *run, "yes" if run in smoke_runs else "") for i, run in enumerate(slab.runs())),
                           range(0, slab.k + 1)),
         "relation": " = ".join(("-" if sign < 0 else "") + w for w, sign in smoke.relation()),
-        "aliases": Table.of(["main effect", "aliased with"], (
-            (x, " = ".join(":".join(w) for w in v) if v else "(none up to order 2)")
-            for x, v in smoke.aliases().items() if len(x) == 1)),
+        "aliases": Table.of(["main effect", "aliased with"], _alias_rows(smoke)),
         "n_multi": multiseed_count(config),
         "loss": loss, "separator": " and the separator before it" if config.data.mask_separator else "",
         "e0": _E0[config.data.e0_negatives],
     }
+
+
+def _alias_rows(smoke) -> list[tuple[str, str]]:
+    """Each main effect's exact aliases of order 2, or a Plackett-Burman design's partial ones with their correlations."""
+    if isinstance(smoke, PlackettBurman):
+        return [(x, "partially, with these correlations: " + ", ".join(f"{ratio(c, smoke.n)} {w[0]}:{w[1]}" for w, c in pairs))
+                for x, pairs in smoke.partial_aliases().items()]
+    return [(x, " = ".join(":".join(w) for w in v) if v else "(none up to order 2)")
+            for x, v in smoke.aliases().items() if len(x) == 1]
