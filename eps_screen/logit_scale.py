@@ -89,6 +89,19 @@ def _left_out(succ: np.ndarray, trials: np.ndarray, src_rows: np.ndarray, source
             if out else "")
 
 
+def _aliased(design: np.ndarray, terms: list[tuple[str, ...]]) -> str:
+    """The first term the cells cannot tell from the terms before it, in words: 'D and A:B are aliased'."""
+    for j in range(1, design.shape[1]):
+        if np.linalg.matrix_rank(design[:, :j + 1]) <= j:
+            col = design[:, j]
+            twin = next((i for i in range(1, j) if np.allclose(col, design[:, i]) or np.allclose(col, -design[:, i])), None)
+            name = term_name(terms[j - 1])
+            if twin is not None:
+                return f"{term_name(terms[twin - 1])} and {name} are aliased"
+            return f"{name} is a combination of the terms before it"
+    return "some are aliased"
+
+
 def logit_sensitivity(
     config: ScreenConfig, mats: CellMatrices, idx: np.ndarray, src: np.ndarray, coded: np.ndarray,
     sources: list[str], est: ScreenEstimates,
@@ -107,8 +120,8 @@ def logit_sensitivity(
     cols = term_columns(coded, est.factors, est.terms)
     design = np.column_stack([np.ones(int((src_i >= 0).sum())), cols[src_i >= 0]])
     if np.linalg.matrix_rank(design) < design.shape[1]:  # e.g. only the smoke fraction: D is A x B there
-        return (f"Not fitted: the cells present do not separate the {len(est.terms)} terms (some are aliased, as D and "
-                "A x B are in the marker screen's smoke fraction), so their log-odds effects are not estimable.", [])
+        return (f"Not fitted: the cells present do not separate the {len(est.terms)} terms ({_aliased(design, est.terms)}"
+                "), so their log-odds effects are not estimable.", [])
     out: list[LogitEffect] = []
     texts = []
     for response in ("SR", "LR"):

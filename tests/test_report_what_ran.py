@@ -195,3 +195,15 @@ def test_the_clear_column_is_the_one_definition(screen):
         for row in t[1:]:
             assert row[col].startswith("clear") is by[(row[0], row[1])].clear, (name, row)
     assert any(e.clear for e in by.values()) and not all(e.clear for e in by.values())  # both marks are tested
+
+
+def test_a_page_of_the_smoke_fraction_alone_names_its_own_aliases(tmp_path):
+    """Before the slabs run, the page has only the smoke fraction: what it cannot fit is said in this screen's terms."""
+    from eps_screen.design import smoke_cells
+
+    config = _config("recipe")
+    cells = smoke_cells(config)
+    result = aggregate(config, simulate_screen(config, cells), [c.id for c in cells], tmp_path)
+    page = (tmp_path / "clean_result.html").read_text(encoding="utf-8")
+    assert "(N and L:R are aliased)" in result.main_effects.logit_model  # the smoke fraction's N = LR
+    assert letters_named(visible(page)) - set(config.factors) == set()

@@ -20,6 +20,7 @@ from eps_screen.gates import GATE_NAMES
 from eps_screen.report import half_normal, sections
 from eps_screen.report.tables import Table, figure_div, num, span
 from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
+from eps_screen.screen_stats import declarations
 
 if TYPE_CHECKING:
     from eps_screen.aggregate import AggregateResult
@@ -147,7 +148,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         plotlyjs=Markup(get_plotlyjs()), partial=partial if cov.partial else None,
         numbers_are=numbers_are(config), tldr=tldr(config, result), ci_pct=f"{b.ci:.0%}",
         figures={name: figure_div(fig, name) for name, fig in figures.items()},
-        predictions=_predictions(result), declared_predictions=bool(config.design.predictions),
+        predictions=_predictions(result), declared_predictions=bool(declarations(config)[1]),
         gates=Table.of(["#", "criterion", "fires when", "outcome", "numbers"], gate_rows(config, result)),
         late_gates=fired, cost=_cost(result), estimator=result.main_effects.estimator,
         main_effects=sections.effects_table(result, result.main_effects.effects, list(result.estimates.factors)),
