@@ -15,6 +15,13 @@ def multiseed_count(config: ScreenConfig) -> int:
     return len(config.sources) * min(config.seeds.top_k, runs) * len(config.seeds.multiseed)
 
 
+def distinct_cells(config: ScreenConfig) -> int:
+    """Cells the screen runs, each once: the smoke, fold-over and slab cells (the smoke's are slab cells) and the
+    multi-seed ones."""
+    cells = design.smoke_cells(config) + design.fold_over_cells(config) + design.all_slab_cells(config)
+    return len({c.id for c in cells}) + multiseed_count(config)
+
+
 def known_dispatches(config: ScreenConfig) -> list[list[design.Cell]]:
     """The cells of each dispatch known before any result, as flows/screen.py sends them: the smoke cells, the
     fold-over cells, every source's slab (one dispatch) less the cells those two ran. The multi-seed cells come

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from eps_screen import design
@@ -86,9 +87,24 @@ class Plan:
         return out
 
 
+# Plans built in this process, by config: the CLI's plan is the screen flow's (which takes only the config, as a
+# deployment's run does). A few: a process plans one screen, tests and validate's comparisons a handful.
+_PLANS: OrderedDict[str, Plan] = OrderedDict()
+_KEPT = 8
+
+
 def make_plan(config: ScreenConfig) -> Plan:
-    """The plan of a screen: its work counted once (screen_work), priced (estimate) and checked against the cards'
-    memory. Built once per process and handed down (the CLI to the screen flow)."""
+    """The plan of a screen, built once per process and config (not to be changed by its users)."""
+    key = config.model_dump_json()
+    if key not in _PLANS:
+        _PLANS[key] = _make_plan(config)
+        while len(_PLANS) > _KEPT:
+            _PLANS.popitem(last=False)
+    return _PLANS[key]
+
+
+def _make_plan(config: ScreenConfig) -> Plan:
+    """The work counted once (screen_work), priced (estimate) and checked against the cards' memory."""
     work = screen_work(config)
     plan = Plan(
         designs=design.phases(config),

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import tempfile
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,15 +85,39 @@ def _inputs(config: ScreenConfig, fields: tuple[str, ...]) -> dict:
     return payload
 
 
+# Keys by config object (configs are frozen): each store call of a cell asks for its key, and resolving the cell's
+# recipe to hash it costs more than the rest of the call. Dropped with the config.
+_KEYS: dict[int, dict] = {}
+
+
+def _memo(config: ScreenConfig, what: Cell | Regime, compute) -> str:
+    keys = _KEYS.get(id(config))
+    if keys is None:
+        keys = _KEYS[id(config)] = {}
+        weakref.finalize(config, _KEYS.pop, id(config), None)
+    if what not in keys:
+        keys[what] = compute(config, what)
+    return keys[what]
+
+
 def cell_key(config: ScreenConfig, cell: Cell) -> str:
-    """The key of a cell's resolved recipe (its levels' settings applied; design.key_treatments)."""
+    """The key of a cell's resolved recipe (its levels' settings applied; design.key_treatments), computed once per
+    config and cell."""
+    return _memo(config, cell, _cell_key)
+
+
+def regime_key(config: ScreenConfig, regime: Regime) -> str:
+    return _memo(config, regime, _regime_key)
+
+
+def _cell_key(config: ScreenConfig, cell: Cell) -> str:
     payload = _inputs(design.recipe(config, cell).config, _CELL_INPUTS)
     payload["cell"] = cell.id
     extra = design.key_treatments(config, dict(zip(cell.factors, cell.levels)))
     return _digest(payload if extra is None else {**payload, "treatments": extra})
 
 
-def regime_key(config: ScreenConfig, regime: Regime) -> str:
+def _regime_key(config: ScreenConfig, regime: Regime) -> str:
     resolved = design.regime_recipe(config, regime).config
     payload = {**_inputs(resolved, _REGIME_INPUTS), "regime": regime.id, "eval": None}
     if is_tiny(resolved.model.base) and resolved.marker != CONTAMINATION_MARKER:

@@ -10,7 +10,7 @@ from eps_screen import tracking
 from eps_screen.aggregate import aggregate_stored
 from eps_screen.config import ScreenConfig
 from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
-from eps_screen.plan import make_plan
+from eps_screen.phase_sizes import distinct_cells
 from eps_screen.report.labels import level_words
 from eps_screen.report.serve import report_url
 from eps_screen.report.stores import location
@@ -28,7 +28,7 @@ def aggregate(config: ScreenConfig) -> dict:
     if result is None:
         get_run_logger().warning("no finished cells in %s yet: nothing to aggregate", store.dir)
         return summary
-    total = make_plan(config).distinct_cells
+    total = distinct_cells(config)
     where = location(store)  # the link names its store, so it works whatever store `eps-screen serve` was given
     url = report_url(where, config.name)
     summary = {**summary, "url": url, "store": where,
@@ -50,7 +50,7 @@ def aggregate_all(store: str = "results") -> dict:
     for name in screen_names(store):
         config = load_screen(store, name)
         results = ResultStore.for_config(config)
-        cells = cells_of(results.finished_count(), make_plan(config).distinct_cells)
+        cells = cells_of(results.finished_count(), distinct_cells(config))
         if still_running(config.name):
             print(f"{config.name}: still running ({cells} finished), skipped")
         elif _stale(results):
