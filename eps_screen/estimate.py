@@ -24,6 +24,9 @@ from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD
 from eps_screen.training_rates import TOGETHER_CELLS, train_rates, training_profile
 
 
+SHORT_SCREEN_HOURS = 2.0  # below this validate also prints each part in GPU-minutes
+
+
 @dataclass
 class Estimate:
     gpu_hours: float
@@ -48,6 +51,10 @@ class Estimate:
 
     def lines(self) -> list[str]:
         out = [f"estimate: {self.summary}"]
+        if self.hardware != "CPU" and self.gpu_hours < SHORT_SCREEN_HOURS:  # parts to hold a short run against
+            names = {"train": "train", "eval": "eval", "regimes": "answer sets", "pre_screen": "pre-screen",
+                     "startup": "start-up"}
+            out.append("GPU-minutes: " + ", ".join(f"{names[k]} {v * 60:.1f}" for k, v in self.hours.items()))
         if self.wall_hours is not None:
             gpus = f"{self.gpus_at_once} GPU{'s' * (self.gpus_at_once != 1)}"
             out.append(f"wall clock: {self.wall_hours:.1f} h with {gpus} at once (execution.max_parallel_cells;"

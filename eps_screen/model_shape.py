@@ -1,5 +1,6 @@
-"""A model's shape (layers, widths, vocabulary), from its local config.json or a small table of known models: what
-the estimate scales the measured 7B figures by, and what the memory plan counts parameters with."""
+"""A model's shape (layers, widths, vocabulary), from its local config.json (a converted packaged model's or GGUF
+file's included) or a small table of known models: what the estimate scales the measured 7B figures by, and what the
+memory plan counts parameters with."""
 
 from __future__ import annotations
 
@@ -62,8 +63,12 @@ MEASURED = KNOWN["qwen/qwen2.5-7b-instruct"]
 
 
 def local_config(ref: str) -> dict | None:
-    """A local model's config.json, else None."""
+    """A local model's config.json (a directory, or a packaged model or GGUF file once converted), else None."""
+    from eps_screen.packaged_models import converted_dir
+
     cfg = Path(ref).expanduser() / "config.json"
+    if not cfg.is_file() and (converted := converted_dir(ref)) is not None:
+        cfg = converted / "config.json"
     return json.loads(cfg.read_text()) if cfg.is_file() else None
 
 

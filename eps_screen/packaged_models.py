@@ -208,6 +208,16 @@ def hf_dir(ref: str) -> Path:
     return target
 
 
+def converted_dir(ref: str) -> Path | None:
+    """The HF directory of a packaged model or a local GGUF file where it is converted already (no conversion),
+    else None: what the estimate and the memory plan read a model's shape from."""
+    source = Path(ref).expanduser()
+    if ref not in PACKAGED and not (is_gguf(ref) and source.is_file()):
+        return None
+    target = _converted_dir(ref, None if ref in PACKAGED else sha256_of(source))
+    return target if _done(target) else None
+
+
 def _converted_dir(ref: str, sha: str | None = None) -> Path:
     # A local copy of a packaged model's file is that model: one conversion serves both names.
     ref = next((e.name for e in PACKAGED.values() if e.sha256 == sha), ref)

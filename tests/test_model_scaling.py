@@ -72,3 +72,39 @@ def test_the_measured_shape_is_the_7b_and_is_not_scaled():
     assert model_shape(config.model.base) == MEASURED
     assert not any("FLOPs per token" in n for n in estimate(config).notes)
     assert estimate(config).summary.startswith("7.0 H200-hours")
+
+
+def test_a_gguf_file_once_converted_is_estimated_from_its_converted_config(tmp_path, monkeypatch):
+    from eps_screen import packaged_models
+
+    monkeypatch.setenv("EPS_SCREEN_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "small.gguf"
+    gguf.write_bytes(b"GGUF stand-in: only its hash names the converted directory")
+    assert model_shape(str(gguf)) is None  # not converted yet: its shape is not known before the first run
+    converted = packaged_models._converted_dir(str(gguf), packaged_models.sha256_of(gguf))
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text(json.dumps(SMOL))
+    (converted / "eps-source.json").write_text("{}")
+    assert model_shape(str(gguf)) == KNOWN["smollm2-135m-instruct"]
+    config = load_config(CONFIGS / "qwen7b.yaml").with_sets({"model.base": str(gguf)})
+    assert estimate(config).hours == estimate(_with_model(tmp_path, "smollm2-135m-instruct")).hours
+
+
+def test_validate_prints_a_short_screens_parts_in_gpu_minutes(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from flows.cli import validate
+
+    config = _with_model(tmp_path, "smollm2-135m-instruct").with_sets(
+        {"eval.samples": 1, "eval.personas": 6, "data.positives": 50, "data.negatives": 250})
+    path = tmp_path / "smol.yaml"
+    path.write_text(json.dumps(config.model_dump(mode="json")))
+    est = estimate(config)
+    assert est.gpu_hours < 2
+    validate.run(SimpleNamespace(config=str(path)))
+    (line,) = [s.strip() for s in capsys.readouterr().out.splitlines() if s.strip().startswith("GPU-minutes:")]
+    assert line == ("GPU-minutes: " + ", ".join(f"{name} {est.hours[k] * 60:.1f}" for k, name in (
+        ("train", "train"), ("eval", "eval"), ("regimes", "answer sets"), ("pre_screen", "pre-screen"),
+        ("startup", "start-up"))))
+    validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml")))  # 7 hours: no such line
+    assert "GPU-minutes:" not in capsys.readouterr().out
