@@ -185,5 +185,8 @@ def test_summary_markdown_has_tldr_gates_and_effects(store):
     assert re.search(r"\*\*TL;DR\.\*\* This screen trained \d+ LoRA recipes", text)
     assert "| gate | fired | reason |" in text and "| effect (pooled over sources) |" in text
     assert len(re.findall(r"^\| [A-E] .*\| (SR|LR) \|", text, re.MULTILINE)) == 10  # 5 factors x 2 responses
+    marks = {(e.term, e.response): e.clear for e in result.main_effects.effects if e.source == "pooled"}
+    rows = re.findall(r"^\| ([A-E]) .*\| (SR|LR) \| .* \| (\*\*clear\*\*|not clear) \|$", text, re.MULTILINE)
+    assert {(t, r): m == "**clear**" for t, r, m in rows} == marks  # the page's one definition of clear
     assert re.search(r"Cells present: \d+ of \d+ cells", text)
     assert "file://" not in text
