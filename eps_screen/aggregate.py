@@ -36,7 +36,14 @@ from eps_screen.schemas import (
     SeedReplicate,
     finite,
 )
-from eps_screen.screen_stats import ESTIMATOR, RESPONSES, ScreenEstimates, declarations, declared_factors, estimate_screen
+from eps_screen.screen_stats import (
+    ESTIMATOR,
+    RESPONSES,
+    ScreenEffects,
+    declarations,
+    declared_factors,
+    screen_effects,
+)
 from eps_screen.stats import sign_table
 from eps_screen.store import ResultStore
 
@@ -48,7 +55,7 @@ class AggregateResult:
     main_effects: MainEffectsFile
     interactions: InteractionsFile
     metrics: AggregateMetricsFile
-    estimates: ScreenEstimates
+    estimates: ScreenEffects
     paths: dict[str, Path] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     examples: pl.DataFrame | None = None  # answers the page quotes, with their text (answer_examples.pick)
@@ -75,7 +82,7 @@ def compute(
 
     coverage, factorial, partial_sources = _coverage(config, mats, expected_cells)
     t = time.perf_counter()
-    est = estimate_screen(config, mats, factorial, partial_sources)
+    est = screen_effects(config, mats, factorial, partial_sources)
     timings["bootstrap"] = time.perf_counter() - t
 
     d_sr, d_lr = est.main_d("SR"), est.main_d("LR")
@@ -119,7 +126,9 @@ def aggregate(
 ) -> AggregateResult:
     """compute(), then write the three JSON artifacts, the figures (html fragment + plotly JSON) and clean_result.html
     (which quotes `examples`, answers with their text, when given)."""
-    from eps_screen.report import write_report  # plotly is imported only when figures are made
+    from eps_screen.report import (
+        write_report,  # plotly is imported only when figures are made
+    )
 
     started = time.perf_counter()
     result = compute(config, answers, expected_cells, extras)

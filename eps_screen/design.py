@@ -33,7 +33,8 @@ SEARCH_MAX_FACTORS = 10
 
 
 class DesignError(ValueError):
-    """A design that cannot be built; the message names the field and the fix."""
+    """A design that cannot be built, or a table that is not a two-level design (stats); the message names the field
+    or column and the fix."""
 
 
 def coded(level: int) -> int:

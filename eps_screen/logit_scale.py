@@ -20,10 +20,15 @@ import numpy as np
 from eps_screen.cell_metrics import CellMatrices
 from eps_screen.config import ScreenConfig
 from eps_screen.schemas import Interval, LogitEffect
-from eps_screen.stats import holm_exploratory, logistic_fe_clustered, term_columns, term_name
+from eps_screen.stats import (
+    holm_exploratory,
+    logistic_fe_clustered,
+    term_columns,
+    term_name,
+)
 
 if TYPE_CHECKING:
-    from eps_screen.screen_stats import ScreenEstimates
+    from eps_screen.screen_stats import ScreenEffects
 
 LOGIT_MODEL = (
     "Binomial logistic regression of the answers, pooled over sources: logit P(marker) = fixed effect of "
@@ -104,7 +109,7 @@ def _aliased(design: np.ndarray, terms: list[tuple[str, ...]]) -> str:
 
 def logit_sensitivity(
     config: ScreenConfig, mats: CellMatrices, idx: np.ndarray, src: np.ndarray, coded: np.ndarray,
-    sources: list[str], est: ScreenEstimates,
+    sources: list[str], est: ScreenEffects,
 ) -> tuple[str, list[LogitEffect]]:
     """The reported terms on the log-odds scale, one pooled fit per response, beside the rate-scale pooled effects.
 
@@ -113,7 +118,10 @@ def logit_sensitivity(
     personas. When the CIs carry training-run noise, its variance is added to each log-odds effect's: 4 s^2 / cells
     (a balanced design's coefficient averages cells with weight 1/cells), s^2 the cells' mean of their source's.
     """
-    from scipy.special import stdtr, stdtrit  # Student t CDF and quantile (scipy.stats itself takes seconds to import)
+    from scipy.special import (  # Student t CDF and quantile (scipy.stats itself takes seconds to import)
+        stdtr,
+        stdtrit,
+    )
 
     ci = config.bootstrap.ci
     src_i = np.array([sources.index(s) if s in sources else -1 for s in src])
@@ -182,7 +190,7 @@ def logit_sensitivity(
     return " ".join(texts), out
 
 
-def _no_estimate(est: ScreenEstimates, response: str, term: tuple[str, ...], why: str) -> LogitEffect:
+def _no_estimate(est: ScreenEffects, response: str, term: tuple[str, ...], why: str) -> LogitEffect:
     name = term_name(term)
     rate = est.find(response, name)
     return LogitEffect(term=name, label=rate.label if rate else name, response=response, log_odds=None,

@@ -74,7 +74,7 @@ class BootstrapScheme(_Model):
         return {k: finite(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 
-class EffectEstimate(_Model):
+class TermEffect(_Model):
     """One factorial term (main effect 'A' or interaction 'A:B') on one response, in one source or pooled."""
 
     term: str
@@ -146,7 +146,7 @@ class LogitEffect(_Model):
     ci: Interval
     p_value: float | None
     p_holm: float | None = Field(None, description="Exploratory interactions: Holm-adjusted over the exploratory ones.")
-    rate_clear: bool = Field(description="The pooled rate-scale effect is clear (EffectEstimate.clear).")
+    rate_clear: bool = Field(description="The pooled rate-scale effect is clear (TermEffect.clear).")
     logit_clear: bool = Field(description="This CI excludes 0 (False when there is no estimate).")
     scale: Literal["both scales", "rate scale only", "logit scale only", "neither", "no estimate"]
     why: str = Field("", description="Why there is no log-odds estimate (separation, no convergence); empty otherwise.")
@@ -183,7 +183,7 @@ class MainEffectsFile(ArtifactHeader):
     coverage: Coverage
     estimator: str
     bootstrap: BootstrapScheme
-    effects: list[EffectEstimate]
+    effects: list[TermEffect]
     sign_table: dict[str, dict[str, dict[str, int]]] = Field(
         description="response -> factor -> source -> sign of d (-1, 0, +1)."
     )
@@ -196,7 +196,7 @@ class InteractionsFile(ArtifactHeader):
     coverage: Coverage
     estimator: str
     bootstrap: BootstrapScheme
-    interactions: list[EffectEstimate]
+    interactions: list[TermEffect]
     simple_effects: list[SimpleEffect] = Field(
         default_factory=list, description="A's effect at each level of B (the pre-registered A:B), per source and pooled."
     )

@@ -45,7 +45,14 @@ from eps_screen.cell_metrics import CellMatrices
 from eps_screen.config import ScreenConfig
 from eps_screen.logit_scale import logit_sensitivity
 from eps_screen.prediction_rules import declared, reported_terms
-from eps_screen.schemas import BootstrapScheme, EffectEstimate, GroupMean, Interval, LogitEffect, SimpleEffect
+from eps_screen.schemas import (
+    BootstrapScheme,
+    GroupMean,
+    Interval,
+    LogitEffect,
+    SimpleEffect,
+    TermEffect,
+)
 from eps_screen.stats import (
     bootstrap_p,
     cohens_d_rates,
@@ -110,9 +117,9 @@ ESTIMATOR = (
 
 
 @dataclass
-class ScreenEstimates:
+class ScreenEffects:
     sources: list[str]
-    estimates: list[EffectEstimate]
+    estimates: list[TermEffect]
     ab_means: list[GroupMean]
     scheme: BootstrapScheme
     factors: tuple[str, ...] = ()
@@ -150,7 +157,7 @@ class ScreenEstimates:
             out[s] = {f: float(obs[i]) for i, f in enumerate(self.factors)}
         return out
 
-    def find(self, response: str, term: str, source: str = POOLED) -> EffectEstimate | None:
+    def find(self, response: str, term: str, source: str = POOLED) -> TermEffect | None:
         for e in self.estimates:
             if (e.response, e.term, e.source) == (response, term, source):
                 return e
@@ -167,9 +174,9 @@ def _nanmean(stack: np.ndarray) -> np.ndarray:
         return np.nanmean(stack, axis=0)
 
 
-def estimate_screen(
+def screen_effects(
     config: ScreenConfig, mats: CellMatrices, factorial: list[str], partial_sources: set[str],
-) -> ScreenEstimates:
+) -> ScreenEffects:
     """Effects, d and CIs of every reported term on SR and LR, per source in `factorial` and pooled over them."""
     factors = declared_factors(config)
     terms = reported_terms(factors)
@@ -200,7 +207,7 @@ def estimate_screen(
     n_clusters = {"SR": n_q, "LR": n_p}
     train_rng = np.random.default_rng([config.bootstrap.seed, 1])  # its own stream: the cluster draws stay as they were
     # the scheme names the training-run SDs, known only after the loop: set at the end
-    result = ScreenEstimates(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen,  # type: ignore[arg-type]
+    result = ScreenEffects(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen,  # type: ignore[arg-type]
                              factors=factors, terms=terms, pre_registered=pre_registered)
     coded = 2.0 * levels - 1.0
     pair = _pair(factors, pre_registered)
@@ -381,7 +388,7 @@ def _method(training: dict[str, dict[str, CellNoise]]) -> str:
     )
 
 
-def _records(config, est: ScreenEstimates, response, source, stats, counts, partial, widen) -> list[EffectEstimate]:
+def _records(config, est: ScreenEffects, response, source, stats, counts, partial, widen) -> list[TermEffect]:
     ci = config.bootstrap.ci
     cis = {stat: (rate_ci if stat in RATE_STATS else percentile_ci)(boot, ci, obs, widen)
            for stat, (obs, boot) in stats.items()}
@@ -396,7 +403,7 @@ def _records(config, est: ScreenEstimates, response, source, stats, counts, part
         def iv(stat: str) -> Interval:
             return Interval(low=cis[stat][0][i], high=cis[stat][1][i])
 
-        out.append(EffectEstimate(
+        out.append(TermEffect(
             term=name, factors=list(term), label=term_label(config, term), response=response, source=source,
             effect=stats["effect"][0][i], effect_ci=iv("effect"), d=stats["d"][0][i], d_ci=iv("d"),
             mean_high=stats["m_hi"][0][i], mean_high_ci=iv("m_hi"), mean_low=stats["m_lo"][0][i], mean_low_ci=iv("m_lo"),

@@ -24,10 +24,7 @@ from statistics import NormalDist
 import numpy as np
 import polars as pl
 
-
-class DesignError(ValueError):
-    """A table that is not a two-level factorial design; the message names the offending column."""
-
+from eps_screen.design import DesignError
 
 # --------------------------------------------------------------------------- design checks and coding
 

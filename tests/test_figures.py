@@ -88,9 +88,15 @@ def test_result_files_of_the_figures_are_committed():
 def test_an_installed_copy_prints_the_checkouts_estimate(tmp_path):
     """`pip install .` (into a directory, no dependencies) run from outside the checkout, with neither the checkout
     nor the shared venv's editable install of it on the path, prints the same validate output."""
-    target = tmp_path / "installed"
+    import shutil
+
+    source, target = tmp_path / "source", tmp_path / "installed"  # built from a copy: no build/ left in the checkout
+    for part in ("eps_screen", "flows", "tasks"):
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, source / part)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+                    "--target", str(target), str(source)], check=True, capture_output=True, cwd=tmp_path)
     assert (target / "eps_screen" / "figures.json").is_file()
     site = sysconfig.get_paths()["purelib"]
     config = str(CONFIGS / "qwen7b.yaml")

@@ -18,7 +18,7 @@ from eps_screen.config import ScreenConfig, load_config
 from eps_screen.design import all_slab_cells
 from eps_screen.report.tables import ci
 from eps_screen.report.tldr import tldr, written
-from eps_screen.schemas import EffectEstimate, Interval
+from eps_screen.schemas import Interval, TermEffect
 from eps_screen.simulate import simulate_screen
 from tests.conftest import CONFIGS
 from tests.test_report_explains import Tables
@@ -50,11 +50,11 @@ def real(tmp_path_factory):
     return _page(tmp_path_factory, "qwen7b.yaml")
 
 
-def _estimate(effect_ci: tuple[float, float], d_ci: tuple[float, float]) -> EffectEstimate:
+def _estimate(effect_ci: tuple[float, float], d_ci: tuple[float, float]) -> TermEffect:
     iv = lambda lo_hi: Interval(low=lo_hi[0], high=lo_hi[1])  # noqa: E731
-    return EffectEstimate(term="A", factors=["A"], label="A", response="SR", source="pooled", effect=0.02,
-                          effect_ci=iv(effect_ci), d=0.1, d_ci=iv(d_ci), mean_high=0.1, mean_high_ci=iv((0, 0.2)),
-                          mean_low=0.08, mean_low_ci=iv((0, 0.2)), n_high=16, n_low=16, partial=False)
+    return TermEffect(term="A", factors=["A"], label="A", response="SR", source="pooled", effect=0.02,
+                      effect_ci=iv(effect_ci), d=0.1, d_ci=iv(d_ci), mean_high=0.1, mean_high_ci=iv((0, 0.2)),
+                      mean_low=0.08, mean_low_ci=iv((0, 0.2)), n_high=16, n_low=16, partial=False)
 
 
 def test_clear_needs_both_intervals_to_exclude_zero():

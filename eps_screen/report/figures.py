@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from eps_screen.config import ScreenConfig
-from eps_screen.schemas import CellMetric, EffectEstimate, GroupMean
+from eps_screen.schemas import CellMetric, GroupMean, TermEffect
 
 RESPONSE_NAMES = {"SR": "Source rate", "LR": "Leakage"}
 _BAR = {"SR": "#1f77b4", "LR": "#d62728"}
@@ -39,7 +39,7 @@ def factor_label(config: ScreenConfig, factor: str) -> str:
     return f"{config.factors[factor].label} ({factor})"
 
 
-def factor_ranking(config: ScreenConfig, effects: Sequence[EffectEstimate], title_note: str = "") -> go.Figure:
+def factor_ranking(config: ScreenConfig, effects: Sequence[TermEffect], title_note: str = "") -> go.Figure:
     """Bars of pooled d with CI whiskers, sorted by |d| (largest on top), one panel per response."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=[RESPONSE_NAMES[r] for r in ("SR", "LR")], horizontal_spacing=0.22)
     sources = sorted({e.source for e in effects if e.source != "pooled"}, key=lambda s: (s not in config.sources, s))

@@ -15,9 +15,9 @@ from eps_screen.config import ScreenConfig
 from eps_screen.design import phases
 from eps_screen.phase_sizes import multiseed_count
 from eps_screen.plackett_burman import PlackettBurman, ratio
-from eps_screen.report.tables import Table, ci, clear_mark, num, p_text, signs, span
 from eps_screen.report.recipe import recipe_rows
-from eps_screen.schemas import EffectEstimate
+from eps_screen.report.tables import Table, ci, clear_mark, num, p_text, signs, span
+from eps_screen.schemas import TermEffect
 from eps_screen.screen_stats import declarations
 from eps_screen.treatments import TREATMENTS
 
@@ -37,7 +37,7 @@ def n_exploratory(result: AggregateResult) -> int:
                if e.source == "pooled" and e.response == "SR")
 
 
-def effects_table(result: AggregateResult, estimates: Sequence[EffectEstimate], terms: Sequence[str],
+def effects_table(result: AggregateResult, estimates: Sequence[TermEffect], terms: Sequence[str],
                   holm: bool = False) -> Table | None:
     """Pooled estimate with CIs, whether it is clear, each source's d, and the signs of those d's (the sign table of
     kill criterion 3); with holm, the interactions' status and the pooled bootstrap p with its Holm adjustment over

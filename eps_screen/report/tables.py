@@ -50,7 +50,7 @@ def p_text(x: float | None) -> str:
 
 
 def clear_mark(clear: bool) -> Markup | str:
-    """The tables' "clear" column: the one definition (EffectEstimate.clear), marked the same way everywhere."""
+    """The tables' "clear" column: the one definition (TermEffect.clear), marked the same way everywhere."""
     return span("clear", "clear") if clear else "not clear"
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from eps_screen.config import ScreenConfig, is_tiny
-from eps_screen.schemas import EffectEstimate
+from eps_screen.schemas import TermEffect
 
 if TYPE_CHECKING:
     from eps_screen.aggregate import AggregateResult
@@ -46,7 +46,7 @@ def numbers_are(config: ScreenConfig) -> str:
     return f"Real model: every cell is a LoRA fine-tune of {model}, evaluated on its answers."
 
 
-def _ranked(result: AggregateResult, response: str) -> list[EffectEstimate]:
+def _ranked(result: AggregateResult, response: str) -> list[TermEffect]:
     pooled = [e for e in result.main_effects.effects if e.source == "pooled" and e.response == response and e.d is not None]
     return sorted(pooled, key=lambda e: -abs(e.d or 0.0))
 
