@@ -126,7 +126,7 @@ def _summary_markdown(config: ScreenConfig, result, url: str, total: int, where:
               "|---|---|---|---|---|"]
     pooled = [e for e in result.main_effects.effects if e.source == "pooled"]
     lines += [f"| {e.term} {_md_cell(e.label)} | {e.response} | {_pct(e.mean_low)} -> {_pct(e.mean_high)} | {_d(e)} | "
-              f"{'**clear**' if e.clear else 'not clear'} |"  # the page's one definition (EffectEstimate.clear)
+              f"{'**clear**' if e.clear else 'not clear'} |"  # the page's one definition (TermEffect.clear)
               for e in sorted(pooled, key=lambda e: (e.response, -abs(e.d or 0.0)))]
     lines += [f"\n**Caveat.** {_md_cell(c)}" for c in result.estimates.caveats]
     lines += ["", f"Cells present: {cells_of(cov.present, total)} ({cov.expected} expected by the phases run so far)"]
