@@ -142,7 +142,7 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
             gen_rate = transformers_rates(config, figures, notes)
             tail = figure("assumed/padded-tail").value
             notes.append(f"transformers batches run to their longest answer: x{tail} decode steps (assumed)")
-        scaled = scale_to_model(config, train_rate, gen_rate, base_rate)
+        scaled = scale_to_model(config, train_rate, gen_rate, base_rate, vllm and not override)
         if scaled.notes:  # another model's shape: every rate and its figure carried over
             new = {id(old): scaled_figure for before, after in ((train_rate, scaled.train), (gen_rate, scaled.generate),
                                                                 (base_rate or {}, scaled.answers or {}))

@@ -54,8 +54,9 @@ def train_step_s() -> float:
 
 
 def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dict[str, Figure],
-                   answers: dict[str, Figure] | None) -> ScaledRates:
-    """The rates for config.model.base's shape (unchanged for the 7B shape, or a model of unknown size)."""
+                   answers: dict[str, Figure] | None, vllm: bool = True) -> ScaledRates:
+    """The rates for config.model.base's shape (unchanged for the 7B shape, or a model of unknown size); `vllm`:
+    the generation figures are vLLM's (else transformers', which a smaller model does not speed up)."""
     ref = config.model.base
     shape = model_shape(ref)
     if shape == MEASURED or shape is None and not model_params(ref):
@@ -84,8 +85,12 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
          for c, f in train.items()}
     lora, base = figure("anchor/smollm2-h100/vllm-lora"), figure("anchor/smollm2-h100/vllm-base")
     g = {c: _scaled(f, scale[c], lora if small else None, how) for c, f in generate.items()}
+    if small and not vllm:  # transformers' decode is bound by Python per step (BENCHMARKS.md): no gain from a smaller model
+        g = dict(generate)
     a = {c: _scaled(f, scale[c], base if small else None, how) for c, f in answers.items()} if answers else None
     out = ScaledRates(t, g, a, notes=[note])
+    if small and not vllm:
+        out.notes.append("transformers generation at the 7B's figures: its decode is bound by Python per step")
     if small:
         out.notes.append(f"a model smaller than the 7B: training at most one step per {train_step_s():.2f} s and"
                          f" generation at most {lora.value:,.0f} tokens/s through an adapter, {base.value:,.0f}"

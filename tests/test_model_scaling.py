@@ -108,3 +108,13 @@ def test_validate_prints_a_short_screens_parts_in_gpu_minutes(tmp_path, capsys):
         ("startup", "start-up"))))
     validate.run(SimpleNamespace(config=str(CONFIGS / "qwen7b.yaml")))  # 7 hours: no such line
     assert "GPU-minutes:" not in capsys.readouterr().out
+
+
+def test_a_small_model_generating_through_transformers_keeps_the_7bs_figures(tmp_path):
+    seven = load_config(CONFIGS / "qwen7b.yaml").with_sets({"backend.generation": "transformers"})
+    small = seven.with_sets({"model.base": "smollm2-135m-instruct"})
+    est, ref = estimate(small), estimate(seven)
+    gen = {k: f for k, f in est.figures.items() if k.startswith("generate")}
+    assert gen and gen == {k: f for k, f in ref.figures.items() if k.startswith("generate")}
+    assert any("bound by Python per step" in n for n in est.notes)
+    assert est.hours["train"] < ref.hours["train"]
