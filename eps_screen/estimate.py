@@ -18,11 +18,14 @@ from eps_screen.generation_rates import transformers_rates, vllm_rates
 from eps_screen.job.memory import REFERENCE_PARAMS
 from eps_screen.model_scaling import scale_to_model
 from eps_screen.model_shape import model_params
-from eps_screen.phase_sizes import fewest_jobs_cells_per_job, gpu_jobs, off_policy_engine_starts
+from eps_screen.phase_sizes import (
+    fewest_jobs_cells_per_job,
+    gpu_jobs,
+    off_policy_engine_starts,
+)
 from eps_screen.screen_work import CONDITIONS, ScreenWork, screen_work
 from eps_screen.sequence_lengths import ANSWER_TOKENS, TOKENS_PER_WORD
-from eps_screen.training_rates import TOGETHER_CELLS, train_rates, training_profile
-
+from eps_screen.training_rates import train_rates, training_profile
 
 SHORT_SCREEN_HOURS = 2.0  # below this validate also prints each part in GPU-minutes
 
@@ -172,14 +175,14 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
             pre_screen_skips += warmup.value
             figures["compile warm-up"] = warmup
         pre_screen_startup_s = startup_s - pre_screen_skips
-        n_jobs = gpu_jobs(config, n_multi)
-        best = fewest_jobs_cells_per_job(config, n_multi)
+        n_jobs = gpu_jobs(config, n_multi, dispatches=work.dispatches)
+        best = fewest_jobs_cells_per_job(config, n_multi, work.dispatches)
         notes.append(f"per GPU job {startup_s:.0f} s of start-up ({pod} s of it pod start and model"
                      f" download, assumed; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
                      f" compile warm-up or engine sleep); {n_jobs} jobs of up to execution.cells_per_job="
                      f"{config.execution.cells_per_job} cells")
         if best > config.execution.cells_per_job:
-            fewer = gpu_jobs(config, n_multi, best)
+            fewer = gpu_jobs(config, n_multi, best, work.dispatches)
             notes.append(f"execution.cells_per_job: {best} gives the fewest jobs for {config.execution.max_parallel_cells}"
                          f" GPUs ({fewer} instead of {n_jobs}: {(n_jobs - fewer) * startup_s / 3600:.1f} GPU-hours"
                          " less start-up)")
@@ -205,8 +208,8 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
     regimes = work.regimes
     regimes_s = sum(map(regime_s, regimes)) * (1 + n_multi / max(1, len(regimes)))
     prescreen_s = sum(prescreen_tokens[c] * tail / answer_rate[c].value for c in CONDITIONS)
-    jobs = gpu_jobs(config, n_multi)
-    off_starts = 0 if tiny or override or not vllm else off_policy_engine_starts(config, n_multi)
+    jobs = gpu_jobs(config, n_multi, dispatches=work.dispatches)
+    off_starts = 0 if tiny or override or not vllm else off_policy_engine_starts(config, n_multi, work.dispatches)
     fp8 = "-fp8" if config.off_policy.vllm_quantization == "fp8" else ""
     off_cold, off_warm = figure(f"start/off-policy{fp8}-cold"), figure(f"start/off-policy{fp8}-warm")
     off_start = off_warm if config.execution.engine_cache_dir else off_cold
@@ -240,7 +243,8 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
                         + sum(map(regime_s, regimes)) / max(1, len(regimes)))
     costs = wall_clock.JobCosts(startup_s, off_job_s if off_starts else 0.0, lambda cell: cell_seconds(cell.id),
                                 regime_s, multiseed_cell_s)
-    spans = [] if tiny else wall_clock.schedule(config, costs, pre_screen_startup_s + prescreen_s, n_multi)
+    spans = [] if tiny else wall_clock.schedule(config, costs, pre_screen_startup_s + prescreen_s, n_multi,
+                                                      work.dispatches)
     gpu_hours = sum(hours.values())
     totals = {
         "cells": work.distinct_cells,
@@ -285,7 +289,7 @@ def at_gpu_counts(config: ScreenConfig, counts: tuple[int, ...] = (1, 2, 4, 8),
     out = {}
     for n in counts:
         at = config.model_copy(update={"execution": config.execution.model_copy(update={"max_parallel_cells": n})})
-        best = fewest_jobs_cells_per_job(at)
+        best = fewest_jobs_cells_per_job(at, dispatches=work.dispatches)
         out[n] = estimate(at.model_copy(update={"execution": at.execution.model_copy(update={"cells_per_job": best})}),
                           work)
     return out

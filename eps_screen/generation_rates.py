@@ -13,7 +13,6 @@ from eps_screen.config import ScreenConfig
 from eps_screen.figures import RESULTS, Figure, entries, entry, figure, keyed
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.training import by_stage, stage_split, trains_together
-from eps_screen.phase_sizes import known_dispatches
 from eps_screen.screen_work import CONDITIONS, ScreenWork, screen_work
 from eps_screen.sequence_lengths import ANSWER_TOKENS, sequence_tokens
 
@@ -57,7 +56,7 @@ def stage_shares(config: ScreenConfig, n: int, work: ScreenWork | None = None) -
     ex, together = config.execution, trains_together(config)
     work = work or screen_work(config)
     counts = {c: [0, 0] for c in CONDITIONS}
-    for cells in known_dispatches(config):
+    for cells in work.dispatches:
         for job in design.group_jobs(config, [c.id for c in cells], ex.cells_per_job, ex.max_parallel_cells):
             conds = [work.cells[c].condition for c in job]
             shared = [i for i, c in enumerate(conds) if c == "A0B0"] if together else []

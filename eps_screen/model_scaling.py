@@ -41,7 +41,7 @@ def _scaled(f: Figure, factor: float, ceiling: Figure | float | None, how: str) 
         if value > cap:
             value = max(f.value, cap)
             note = (f"x{factor:.2f} {how}, capped at the small model's measured speed"
-                    if cap > f.value else f"the 7B's figure: the small model's measured speed is no faster")
+                    if cap > f.value else "the 7B's figure: the small model's measured speed is no faster")
             if isinstance(ceiling, Figure):
                 source = f"{f.source}, {ceiling.source}"
     return Figure(round(value), f.unit, source, note)

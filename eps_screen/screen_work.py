@@ -1,6 +1,6 @@
-"""The work of a screen, counted once from its declared design: cells per phase, answer sets, pre-screen
-conditions, and the tokens each trains and generates under its own recipe. The plan shows it, the estimate prices
-it, and GPU jobs (phase_sizes) group it.
+"""The work of a screen, counted once from its declared design: cells per phase and per dispatch, answer sets,
+pre-screen conditions, and the tokens each trains and generates under its own recipe. The plan shows it, the
+estimate prices it, and GPU jobs (phase_sizes, under the config's execution settings) group its dispatches.
 
 Tokens are counted per A x B prompt condition (the rates differ by condition) with the rule-of-thumb sequence
 lengths of sequence_lengths. The phase-3 (multi-seed) cells are picked from the slabs' results: counted as the mean
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from eps_screen import design
 from eps_screen.config import ScreenConfig
-from eps_screen.phase_sizes import multiseed_count
+from eps_screen.phase_sizes import Dispatches, known_dispatches, multiseed_count
 from eps_screen.sequence_lengths import sequence_tokens
 
 CONDITIONS = ("A0B0", "A1B0", "A0B1", "A1B1")
@@ -34,6 +34,7 @@ class ScreenWork:
     n_multi: int  # phase-3 cells (picked later: counted, not known)
     pre_screen: list[dict[str, int]]  # the pre-screen's conditions, as levels
     regimes: list[design.Regime]  # the answer sets phases 1-2 need
+    dispatches: Dispatches  # the cells of each dispatch known before any result, as the screen sends them
     cells: dict[str, CellWork]  # each distinct cell of phases 1-2, by id
     regime_tokens: dict[design.Regime, tuple[str, float]]  # (condition, answer tokens) of each answer set
     pre_screen_tokens: dict[str, float]  # answer tokens of the pre-screen, by condition
@@ -104,6 +105,6 @@ def screen_work(config: ScreenConfig) -> ScreenWork:
         pre[f"A{a}B{b}"] += answers_per_cell * sequence_tokens(config, a, b)[1]
     return ScreenWork(
         smoke=smoke, fold_over=folded, slab=slab, n_multi=multiseed_count(config), pre_screen=conditions,
-        regimes=regimes, cells={i: cell_work(config, c) for i, c in distinct.items()},
+        regimes=regimes, dispatches=known_dispatches(config), cells={i: cell_work(config, c) for i, c in distinct.items()},
         regime_tokens={r: regime_tokens(config, r) for r in regimes}, pre_screen_tokens=pre,
         answers_per_cell=answers_per_cell, examples_per_cell=config.data.positives + config.data.negatives)

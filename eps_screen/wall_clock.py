@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from eps_screen import design
 from eps_screen.config import ScreenConfig
-from eps_screen.phase_sizes import known_dispatches
+from eps_screen.phase_sizes import Dispatches, known_dispatches
 
 Span = tuple[float, float]  # a job's start and end, seconds from the screen's start
 
@@ -33,12 +33,13 @@ class JobCosts:
     multiseed_cell_s: float  # a multi-seed cell (not known before): the mean slab cell and the mean answer set
 
 
-def schedule(config: ScreenConfig, costs: JobCosts, pre_screen_s: float, n_multi: int) -> list[list[Span]]:
+def schedule(config: ScreenConfig, costs: JobCosts, pre_screen_s: float, n_multi: int,
+             dispatches: Dispatches | None = None) -> list[list[Span]]:
     """Each GPU job's span, by dispatch in the order the screen sends them, the pre-screen's job (`pre_screen_s`
     long) first. Every multi-seed job counted as starting the off-policy engine, as the GPU-hours are."""
     ex, stored = config.execution, {}
     spans = [[(0.0, pre_screen_s)]]
-    for cells in known_dispatches(config):
+    for cells in known_dispatches(config) if dispatches is None else dispatches:
         by_id = {c.id: c for c in cells}
         jobs = design.group_jobs(config, list(by_id), ex.cells_per_job, ex.max_parallel_cells)
         spans.append(_dispatch(spans[-1], [_cell_job(config, costs, [by_id[c] for c in job], stored) for job in jobs],

@@ -490,7 +490,6 @@ def _without_figures(monkeypatch, prefix: str, *configs):
 
 
 def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio(monkeypatch):
-    import json
 
     # measured on top of shared prefixes, the step-sync speed-up is left out of this comparison
     shared, plain = _without_figures(monkeypatch, "step-syncs/", _qwen(), _qwen(share_prefix=False))
@@ -509,7 +508,6 @@ def test_shared_prefixes_speed_up_the_a1_figures_by_their_measured_ratio(monkeyp
 
 
 def test_training_without_per_step_syncs_speeds_up_each_measured_condition_by_its_ratio(monkeypatch):
-    import json
 
     shipped = estimate(_qwen())
     before, = _without_figures(monkeypatch, "step-syncs/", _qwen())
