@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from eps_screen.prediction_rules import PredictionRule, check_declarations
+from eps_screen.power_config import PowerConfig, check_target
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
@@ -301,10 +302,14 @@ class DesignConfig(_Strict):
     predictions: list[PredictionRule] | None = Field(
         None, description="The pre-registered predictions, each a rule on a term (eps_screen/prediction_rules.py);"
                           " left out: the marker screen's when the factors are its five treatments, none otherwise.")
+    power: PowerConfig | None = Field(
+        None, description="What validate assumes to say the smallest effect each term is detected at (eps_screen/power.py),"
+                          " and a target it suggests the smallest panel for; left out: its defaults, no target.")
 
     @model_validator(mode="after")
     def _declarations(self) -> DesignConfig:
         check_declarations(self.pre_registered, self.predictions, [f.short for f in self.factors])
+        check_target(self.power, self.shorts)
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check a config and print the plan")
     v.add_argument("config", help=f"{CONFIG_HELP} (required)")
+    v.add_argument("--like", metavar="SCREEN", help="take the power statement's assumed rates and training-run noise "
+                   "from this earlier screen's results (default: none, design.power's)")
+    v.add_argument("--store", help=f"with --like: {STORE_HELP} that holds it (default: the config's `store`)")
     v.set_defaults(module="validate")
 
     r = sub.add_parser("run", help="validate, then run the screen (Prefect; temporary server when no PREFECT_API_URL)")

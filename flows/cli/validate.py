@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from eps_screen.estimate import at_gpu_counts, off_policy_choices
 from eps_screen.packaged_models import weights_of
 from eps_screen.plan import make_plan
+from eps_screen.power import Assumptions
+from eps_screen.power import lines as power_lines
+from eps_screen.store import ResultStore, ScreenNotFound, load_screen
 from flows.cli.session import load
 
 
@@ -21,9 +25,28 @@ def run(args) -> int:
             print(f"  {gpu_counts_line(config, plan.work)}")
             if (choices := off_policy_line(config, plan.work)):
                 print(f"  {choices}")
+    try:
+        assumptions = _assumptions(config, getattr(args, "like", None), getattr(args, "store", None))
+    except (ScreenNotFound, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for line in power_lines(config, assumptions):
+        print(f"  {line}")
     for line in plan.problems:
         print(f"error: {line}", file=sys.stderr)
     return 2 if plan.problems else 0
+
+
+def _assumptions(config, like: str | None, store: str | None) -> Assumptions:
+    """design.power's, or those of an earlier screen's results (--like)."""
+    if like is None:
+        return Assumptions.of(config)
+    earlier = load_screen(store or config.store, like)
+    path = ResultStore.for_config(earlier).report_dir / "main_effects.json"
+    if not path.is_file():
+        raise ValueError(f"--like {like}: the screen has no results yet ({path} is missing); aggregate it first, or"
+                         " drop --like")
+    return Assumptions.like(config, json.loads(path.read_text()), like)
 
 
 def gpu_counts_line(config, work) -> str:
