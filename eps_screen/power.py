@@ -180,7 +180,8 @@ def reaches(config: ScreenConfig, a: Assumptions, panel: tuple[int, int, int] | 
 
 def smallest_panel(config: ScreenConfig, a: Assumptions) -> tuple[int, int, int] | None:
     """The (personas, questions, samples) with the fewest answers per cell that reaches the target, None if none
-    does (training-run noise alone is then above it: only more cells, not more answers, would help)."""
+    does (training-run noise alone is then above it: only more cells, not more answers, would help). The personas
+    stay at least eval.personas: they are what leakage is measured over, a choice and not only a sample size."""
     from eps_screen.panels import panels_of
 
     lay = Layout.of(config)
@@ -188,7 +189,7 @@ def smallest_panel(config: ScreenConfig, a: Assumptions) -> tuple[int, int, int]
         return None
     panels = panels_of(config)
     r = config.eval.random_controls
-    grid = itertools.product(range(max(len(config.sources), 2), len(panels.personas) + 1),
+    grid = itertools.product(range(config.eval.personas, len(panels.personas) + 1),
                              range(1, len(panels.eval_questions) + 1), range(1, MAX_SAMPLES + 1))
     return next((p for p in sorted(grid, key=lambda x: ((x[0] * x[1] + r) * x[2], x)) if reaches(config, a, p, lay)),
                 None)

@@ -83,6 +83,9 @@ def test_a_fold_over_de_aliases_the_main_effects(tmp_path):
     assert len(smoke) == len(folded) == 12 and {c.source for c in folded} == {config.smoke}
     assert {c.levels for c in folded} == {tuple(1 - x for x in c.levels) for c in smoke}
     assert not {c.id for c in folded} & {c.id for c in design.all_slab_cells(config)}  # runs of their own
+    from eps_screen.plan import make_plan
+
+    assert make_plan(config).distinct_cells == 3 * 12 + 12 + 3 * 3 * 2  # slabs, fold-over, multi-seed; costed too
     both = smoke + folded
     x = {f: np.array([2 * c.level(f) - 1 for c in both]) for f in config.design.shorts}
     for f, (g, h) in itertools.product(config.design.shorts, itertools.combinations(config.design.shorts, 2)):

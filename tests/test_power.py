@@ -121,3 +121,20 @@ def test_like_takes_the_rates_and_training_noise_of_an_earlier_screens_results(t
     assert f"SR {mean:.3g}" in line and "(screen simulated's results)" in line
     missing = _validate(CONFIGS / "qwen7b.yaml", "--like", "nothing-here", "--store", tmp_path)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no screen 'nothing-here'" in missing.stderr
+
+
+def test_the_page_states_the_power_at_the_screens_own_rates_and_training_noise(tmp_path):
+    from eps_screen.aggregate import aggregate
+    from eps_screen.config import ScreenConfig
+    from eps_screen.design import all_slab_cells
+    from eps_screen.simulate import simulate_screen
+
+    config = ScreenConfig(bootstrap={"resamples": 200}, simulation={"cell_sd": 0.4})
+    cells = all_slab_cells(config)
+    result = aggregate(config, simulate_screen(config, cells), [c.id for c in cells], tmp_path)
+    page = (tmp_path / "clean_result.html").read_text(encoding="utf-8")
+    section = page[page.index('<h3 id="power">'):page.index("<h3>Bootstrap scheme</h3>")]
+    a = Assumptions.like(config, result.main_effects.model_dump(mode="json"), config.name)
+    assert 0.2 < a.training_sd["SR"] < 0.6  # the screen's estimate of the planted 0.4
+    pooled = next(x for x in detectable(config, a) if x.response == "SR" and x.source == "pooled")
+    assert f"{100 * pooled.effect:.1f} (d {pooled.d:.2f})" in section and f"SR {a.rate['SR']:.3f}" in section
