@@ -272,7 +272,9 @@ class ScreenRun:
         config, plan = self.config, self.plan
         if plan.problems:  # before anything is rented: a job that cannot fit its GPU would crash on it
             raise Stopped(Failed(message="; ".join(plan.problems)))
-        budget = plan.estimate.get("cost_usd")
+        # A plan priced at $0 (a CPU-hour estimate, e.g. the tiny model on a GPU pool) sets no spend limit: any spend
+        # would be "over 1.5 x $0.00" at the first poll.
+        budget = plan.estimate.get("cost_usd") or None
         try:
             return dispatch_cells(config, ids, CELL_DEPLOYMENTS[config.execution.pool], budget_usd=budget,
                                   on_done=on_done)
