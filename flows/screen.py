@@ -272,11 +272,8 @@ class ScreenRun:
         config, plan = self.config, self.plan
         if plan.problems:  # before anything is rented: a job that cannot fit its GPU would crash on it
             raise Stopped(Failed(message="; ".join(plan.problems)))
-        # A plan priced at $0 (a CPU-hour estimate, e.g. the tiny model on a GPU pool) sets no spend limit: any spend
-        # would be "over 1.5 x $0.00" at the first poll.
-        budget = plan.estimate.get("cost_usd") or None
         try:
-            return dispatch_cells(config, ids, CELL_DEPLOYMENTS[config.execution.pool], budget_usd=budget,
+            return dispatch_cells(config, ids, CELL_DEPLOYMENTS[config.execution.pool], budget_usd=spend_limit(plan),
                                   on_done=on_done)
         except CostOverrun as stop:  # decided and recorded by the spend ledger; the gate task shows it
             _gate(cost_gate(quote(self.store), quote(stop.gate), return_state=True))
@@ -285,6 +282,12 @@ class ScreenRun:
             raise Stopped(Failed(message=f"cells failed after every resubmission: {failed}")) from None
         except DispatchStopped as stop:
             raise Stopped(Failed(message=str(stop))) from None
+
+
+def spend_limit(plan: Plan) -> float | None:
+    """The estimate kill criterion 5 holds spend to; None for a plan priced at $0 (CPU-hours: the tiny model on a
+    GPU pool), whose every spend would be "over 1.5 x the plan's $0.00" at the first poll."""
+    return plan.estimate.get("cost_usd") or None
 
 
 def clear_main_effects(config: ScreenConfig, cells: list[Cell], metrics: list[dict]) -> dict[str, dict[str, float]]:
