@@ -2,7 +2,7 @@
 (models.load_base), on a GPU: seconds each way, and the memory the driver reports free before, between and after
 (what an engine in another process can size itself to). The 7B shape at Qwen2.5's vocabulary with random bf16
 weights made on the GPU (no files); host memory pinned in threads as a job sets it, before CUDA initialises.
-What `eps-screen validate` counts per job that starts the off-policy engine (estimate.H200_BASE_ASIDE: the first
+What `eps-screen validate` counts per job that starts the off-policy engine (figures.json start/base-aside: the first
 round, as a job sets its base aside once; measured 2026-12-05, BENCHMARKS.md).
 
     python3 benchmarks/base_aside_bench.py --name base_aside_h200.json

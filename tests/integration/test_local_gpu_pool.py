@@ -47,7 +47,7 @@ def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
     from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 
     from eps_screen.config import ScreenConfig
-    from eps_screen.estimate import gpu_jobs
+    from eps_screen.phase_sizes import gpu_jobs
     from eps_screen.plan import phase_cells
     from eps_screen.store import ResultStore
     from flows.screen import screen
