@@ -118,3 +118,14 @@ def test_a_small_model_generating_through_transformers_keeps_the_7bs_figures(tmp
     assert gen and gen == {k: f for k, f in ref.figures.items() if k.startswith("generate")}
     assert any("bound by Python per step" in n for n in est.notes)
     assert est.hours["train"] < ref.hours["train"]
+
+
+def test_a_hub_id_with_only_a_size_scales_by_parameters_and_is_held_to_the_small_models_speed(tmp_path):
+    est = estimate(_with_model(tmp_path, "meta-llama/Llama-3.2-1B-Instruct"))
+    seven = estimate(load_config(CONFIGS / "qwen7b.yaml"))
+    assert any("by parameter count" in n for n in est.notes)
+    lora = figure("anchor/smollm2-h100/vllm-lora").value
+    for c in ("A0B0", "A1B0", "A0B1", "A1B1"):  # x7.6 by parameters, but no faster than the small model measured
+        name = f"generate {c} (vLLM, lora adapter)"
+        assert est.figures[name]["value"] == max(lora, seven.figures[name]["value"]), c
+    assert est.hours["train"] < seven.hours["train"]
