@@ -1,4 +1,4 @@
-"""clean_result.html in a real browser (headless Chromium): no console errors, three figures drawn, design collapsed.
+"""clean_result.html in a real browser (headless Chromium): no console errors, the figures drawn, the half-normal plots' labels apart, design collapsed.
 
 How: the page is copied with a small recorder script put first in <head> (it collects uncaught errors,
 failed resource loads and console.error calls, and after load writes what it found, plus what plotly drew,

@@ -1,4 +1,5 @@
-"""The three figures of a screen, as plotly figures built from the aggregation's records (not from raw answers).
+"""The ranking, interaction and heatmap figures of a screen, as plotly figures built from the aggregation's records
+(not from raw answers); the half-normal plots are report/half_normal.py's.
 
 - factor ranking: pooled Cohen's d of each main effect with its CI, largest |d| on top, one panel per
   response; per-source d as markers of a colour and shape per source, side by side in the bar, so a factor
