@@ -209,19 +209,6 @@ def weighted_ratio(numer: np.ndarray, denom: np.ndarray, weights: np.ndarray) ->
     return np.where(bottom > 0, out, np.nan)
 
 
-def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5); |error| < 1e-4 for df >= 5.
-
-    Written out so the statistics need numpy only.
-    """
-    z = NormalDist().inv_cdf(p)
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
-
-
 def few_cluster_factor(clusters: int, ci: float) -> float:
     """How much to widen a cluster-bootstrap interval about its estimate when the clusters are few.
 
@@ -236,7 +223,7 @@ def few_cluster_factor(clusters: int, ci: float) -> float:
     if clusters < 3:
         return 1.0
     p = 1 - (1 - ci) / 2
-    return float(np.sqrt(clusters / (clusters - 1)) * t_quantile(p, clusters - 1) / NormalDist().inv_cdf(p))
+    return float(np.sqrt(clusters / (clusters - 1)) * t_critical(p, clusters - 1) / NormalDist().inv_cdf(p))
 
 
 def percentile_ci(
@@ -268,16 +255,10 @@ def rate_ci(
 
 
 def t_critical(p: float, df: float) -> float:
-    """Student-t quantile for any df >= 1: exact for 1 and 2, Cornish-Fisher (t_quantile) from 3 on (a fractional
-    df below 3, from Satterthwaite, takes the next whole df down: wider, never narrower)."""
-    if df < 3:
-        df = max(1, int(df))
-    if df == 1:
-        return float(np.tan(np.pi * (p - 0.5)))
-    if df == 2:
-        a = 4 * p * (1 - p)
-        return float(2 * (p - 0.5) * np.sqrt(2 / a))
-    return t_quantile(p, df)
+    """Student-t quantile at probability p for df >= 1, fractional df (Satterthwaite's) included."""
+    from scipy.special import stdtrit  # not scipy.stats, which takes seconds to import
+
+    return float(stdtrit(max(df, 1.0), p))
 
 
 # --------------------------------------------------------------------------- sign agreement across sources

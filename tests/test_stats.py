@@ -19,7 +19,6 @@ from eps_screen.stats import (
     resample_counts,
     sign_table,
     t_critical,
-    t_quantile,
     weighted_ratio,
 )
 from eps_screen.training_noise import (
@@ -217,7 +216,7 @@ def test_percentile_ci_and_widening():
 def test_t_quantiles_and_few_cluster_factor():
     # published two-sided 95% t critical values
     for df, t in ((5, 2.5706), (10, 2.2281), (19, 2.0930), (23, 2.0687), (60, 2.0003)):
-        assert t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
+        assert t_critical(0.975, df) == pytest.approx(t, abs=5e-5)
     assert few_cluster_factor(20, 0.95) == pytest.approx(np.sqrt(20 / 19) * 2.0930 / 1.95996, abs=1e-3)
     assert few_cluster_factor(24, 0.95) < few_cluster_factor(20, 0.95)
     assert few_cluster_factor(100_000, 0.95) == pytest.approx(1.0, abs=1e-3)
@@ -336,7 +335,10 @@ def test_cell_noise_without_any_contrast_is_not_estimable():
 
 def test_t_critical_small_df():
     for df, t in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (16, 2.1199)):
-        assert t_critical(0.975, df) == pytest.approx(t, rel=2e-3), df
+        assert t_critical(0.975, df) == pytest.approx(t, abs=5e-5), df
+    # a Satterthwaite df between whole ones lies between their quantiles; below 1 it is held at 1
+    assert t_critical(0.975, 2) > t_critical(0.975, 2.5) > t_critical(0.975, 3)
+    assert t_critical(0.975, 0.4) == t_critical(0.975, 1)
 
 
 # --------------------------------------------------------------------------- signs across sources
