@@ -13,8 +13,7 @@ positions (no full logits); padding-free batches (training.packing) through a va
 eps_screen.training_prefix); the LoRA update added in the base GEMM's epilogue (fused_lora, on by default); Liger's fused
 RMSNorm/SwiGLU/RoPE kernels where liger-kernel is installed, or torch.compile of each decoder block (compile);
 gradient checkpointing as an option; the recipe's batch cut into micro-batches that fit a token budget
-(max_batch_tokens: same examples per optimizer step, so the same science). Fields not yet in TrainingConfig are
-read with getattr defaults (liger: None = where installed; fused_lora: True; compile: False; max_batch_tokens: None).
+(max_batch_tokens: same examples per optimizer step, so the same science).
 """
 
 from __future__ import annotations
@@ -211,12 +210,12 @@ def _decoder_layers(model):
 
 
 def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
-    """The levers train_lora uses, from the config (fields read with defaults until config.py has them)."""
+    """The levers train_lora uses, from the config."""
     t = config.training
-    compile_ = bool(getattr(t, "compile", False)) and on_gpu
+    compile_ = t.compile and on_gpu
     # None = on where installed, on a GPU. Never with compile: Inductor fuses those ops itself, and Dynamo cannot
     # trace Liger's Triton autograd functions (seen on the H200: an AssertionError in higher_order_ops).
-    liger = getattr(t, "liger", None)
+    liger = t.liger
     sdpa = config.model.attn_implementation == "sdpa"
     # Shared prefixes need the varlen attention (sdpa's packed mask would let a suffix see its neighbours); off
     # the GPU that attention is its per-sequence reference.
@@ -228,8 +227,8 @@ def speed_options(config: ScreenConfig, on_gpu: bool) -> dict:
         "share_prefix": share_prefix,
         "liger": on_gpu and not compile_ and (liger_available() if liger is None else bool(liger)),
         "gradient_checkpointing": bool(t.gradient_checkpointing),
-        "max_batch_tokens": getattr(t, "max_batch_tokens", None),
-        "fused_lora": bool(getattr(t, "fused_lora", True)),
+        "max_batch_tokens": t.max_batch_tokens,
+        "fused_lora": t.fused_lora,
         # torch.compile of each decoder block (regional: one compiled graph reused by all blocks), dynamic shapes.
         "compile": compile_,
         # TRL's chunked LM head never builds the full logits, which a 152k vocabulary needs on a GPU; on the CPU its
