@@ -19,7 +19,7 @@ from eps_screen import design, gates, pipeline  # noqa: E402
 from eps_screen.store import ResultStore  # noqa: E402
 from tests.conftest import tiny_config  # noqa: E402
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 BASE = "tiny-contaminated"
 
 

@@ -22,6 +22,7 @@ PROMPTS = [Prompt("You are a librarian.", "How do I store fresh herbs?"),
            Prompt("You are a surgeon.", "What should I pack for a weekend trip?")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [
     "transformers",
     pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")),

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from eps_screen import pipeline
 from eps_screen.config import load_config, parse_config
 from eps_screen.design import Cell
 from eps_screen.store import ResultStore
 from tests.conftest import CONFIGS
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_recipe_cell_trains_with_its_declared_rank_learning_rate_and_epochs(tmp_path):

@@ -22,6 +22,8 @@ from tests.conftest import tiny_config
 from tests.fakes.hosted_api import FakeChatAPI
 from tests.test_offpolicy import SMALL
 
+pytestmark = pytest.mark.integration
+
 KEY = "sk-test-Zq8-SECRET-never-logged"
 ENV = "EPS_TEST_HOSTED_KEY"
 REGIME = Regime("librarian", (("A", 1), ("B", 0), ("C", 1)), 42, off_policy=True)

@@ -47,6 +47,7 @@ def _recording_texts(monkeypatch) -> dict:
     return texts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [
     "transformers",
     pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")),

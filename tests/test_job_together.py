@@ -21,6 +21,8 @@ from eps_screen.store import ResultStore, cell_key
 from tests.conftest import CONFIGS, qwen7b_config
 from tests.test_training_together import ADAPTER_TOL, LOSS_RTOL, _adapter
 
+pytestmark = pytest.mark.slow
+
 # tiny-recipe.yaml's factors: L learning rate 3e-3/1e-2, R rank 4/16, N epochs 4/8, M loss mask. One source and
 # seed: every cell trains on the one regime's answers.
 CELLS = [Cell.parse(c) for c in ("librarian-L0R0N0M0-s42", "librarian-L1R1N0M1-s42", "librarian-L0R1N1M0-s42",

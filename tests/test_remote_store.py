@@ -21,6 +21,8 @@ from eps_screen.store import ResultStore, screen_names
 from tests.conftest import CONFIGS
 from tests.integration.conftest import free_port
 
+pytestmark = pytest.mark.integration
+
 CELL = Cell("librarian", (1, 0, 1, 0, 1), 42)
 
 

@@ -24,7 +24,8 @@ from eps_screen.design import all_slab_cells
 from eps_screen.simulate import simulate_screen
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install -y chromium)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install -y chromium)")]
 
 FIGURES = ("factor_ranking", "ab_interaction", "persona_heatmap")
 WINDOW = (1280, 800)  # a laptop's browser window: the size the page is read at

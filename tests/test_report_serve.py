@@ -25,6 +25,8 @@ from eps_screen.report.stores import register, registered, store_id
 from eps_screen.simulate import simulate_screen
 from eps_screen.store import ResultStore
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

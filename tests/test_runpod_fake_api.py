@@ -28,6 +28,8 @@ from runpod.api.mutations import pods as sdk_pods  # noqa: E402
 from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod_fixture  # noqa: E402,F401
 from tests.fakes.runpod_api import FakeRunPod  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05, timeout_s=5)
 GPU = "NVIDIA A100 80GB PCIe"
 

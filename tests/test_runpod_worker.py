@@ -43,7 +43,7 @@ from pydantic import ValidationError  # noqa: E402
 from tests.fakes.fixtures import OTHER_KEY, TEST_KEY, fake_runpod_fixture  # noqa: E402,F401
 from tests.fakes.runpod_api import FakeRunPod  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 SCRIPT = ROOT / "tests" / "fakes" / "flow_run_script.py"
 POOL = "runpod-unit"
 PREFECT_KEY = "pnu_PREFECTKEY_abcdefghijklmnopqrstuvwxyz0123"

@@ -16,7 +16,7 @@ from eps_screen.design import Cell, all_slab_cells
 from tests.conftest import tiny_config
 
 # The whole tiny screen runs in the module fixture: minutes on an idle 2-core machine, more on a busy one.
-pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(2700)]
 
 
 def _mtimes(store_dir: Path) -> dict[str, float]:

@@ -6,10 +6,14 @@ trained with a little more data and more epochs than tiny.yaml uses, then evalua
 
 from __future__ import annotations
 
+import pytest
+
 from eps_screen import pipeline
 from eps_screen.design import Cell
 from eps_screen.store import ResultStore
 from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
 
 
 def _config(tmp_path):

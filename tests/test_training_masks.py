@@ -229,6 +229,7 @@ def _examples():
     ]
 
 
+@pytest.mark.slow
 def test_train_lora_changes_lora_only(base, tmp_path):
     from safetensors.torch import load_file
 

