@@ -46,6 +46,7 @@ from eps_screen.screen_stats import (
 )
 from eps_screen.stats import sign_table
 from eps_screen.store import ResultStore
+from eps_screen.store_files import write_text
 
 ARTIFACTS = ("main_effects.json", "interactions.json", "aggregate_metrics.json", "clean_result.html")
 
@@ -142,7 +143,7 @@ def aggregate(
         ("aggregate_metrics.json", result.metrics),
     ):
         path = out_dir / name
-        path.write_text(model.model_dump_json(indent=2))
+        write_text(path, model.model_dump_json(indent=2))
         result.paths[name] = path
     result.timings_s["write_json"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -18,6 +18,10 @@ from pathlib import Path
 import fsspec
 from fsspec.registry import known_implementations
 
+# Object stores: a PUT makes the whole object appear at once (a reader gets the old object or the new one), so a
+# write there is atomic as it is; on any other filesystem a file is written under a temporary name and renamed.
+OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci"}
+
 # Words in an option name that mean a credential: those belong in the environment, never in the config.
 SECRET_WORDS = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 
@@ -64,6 +68,8 @@ class Remote:
         self.url = url.rstrip("/")
         # No listings cache: another machine adds files at any time, and a cached listing would hide them.
         self.fs, self.base = fsspec.core.url_to_fs(self.url, use_listings_cache=False, **(options or {}))
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple | list) else (self.fs.protocol,)
+        self.atomic = bool(OBJECT_STORES.intersection(protocols))
 
     def _path(self, rel: str) -> str:
         return f"{self.base}/{rel}"
@@ -74,8 +80,16 @@ class Remote:
     def read(self, rel: str) -> bytes:
         return self.fs.cat_file(self._path(rel))
 
+    def open(self, rel: str):
+        return self.fs.open(self._path(rel), "rb")
+
     def write(self, rel: str, data: bytes) -> None:
-        self.fs.pipe_file(self._path(rel), data)
+        if self.atomic:
+            self.fs.pipe_file(self._path(rel), data)
+            return
+        tmp = self._temporary(rel)
+        self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, self._path(rel))
 
     def delete(self, rel: str) -> None:
         self.fs.rm_file(self._path(rel))
@@ -93,7 +107,24 @@ class Remote:
         return True
 
     def put(self, local: Path, rel: str) -> None:
-        self.fs.put_file(str(local), self._path(rel))
+        if self.atomic:
+            self.fs.put_file(str(local), self._path(rel))
+            return
+        tmp = self._temporary(rel)
+        self.fs.put_file(str(local), tmp)
+        self.fs.mv(tmp, self._path(rel))
+
+    def move(self, rel: str, to: str) -> bool:
+        """Rename a file; False if there is none (another process moved it first)."""
+        try:
+            self.fs.mv(self._path(rel), self._path(to))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _temporary(self, rel: str) -> str:
+        head, _, name = rel.rpartition("/")
+        return self._path(f"{head}/.{name}.put-{os.urandom(6).hex()}" if head else f".{name}.put-{os.urandom(6).hex()}")
 
     def put_tree(self, local_dir: Path, rel: str, skip: tuple[str, ...] = ()) -> None:
         """Every file under local_dir except hidden (temporary) ones and the names in `skip`."""
@@ -107,6 +138,11 @@ class Remote:
         """Relative paths matching a glob relative to the URL."""
         prefix = f"{self.base}/"
         return sorted(p.removeprefix(prefix) for p in self.fs.glob(self._path(pattern)))
+
+    def find(self, rel: str) -> list[str]:
+        """Every file under a folder (relative to the URL; "" for all), as relative paths."""
+        prefix = f"{self.base}/"
+        return sorted(p.removeprefix(prefix) for p in self.fs.find(self._path(rel) if rel else self.base))
 
     def modified(self, rel: str) -> float:
         return self.fs.modified(self._path(rel)).timestamp()

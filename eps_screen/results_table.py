@@ -11,14 +11,13 @@ seconds), 0 for a cell computed in-process.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
 
 from eps_screen.costs import CellCost, charges
 from eps_screen.design import Cell, level_code
-from eps_screen.store import ResultStore, ScreenNotFound, cell_key, load_screen, screen_names
+from eps_screen.store import ResultStore, ScreenNotFound, cell_key, load_screen, read_json, screen_names
 
 FORMATS = ("table", "csv", "parquet")
 
@@ -57,10 +56,13 @@ def _rows(root: Path, screen: str) -> list[dict]:
         config = load_screen(root, screen)
     except (ScreenNotFound, ValueError):  # a screen.json this version cannot read: its cells, without `current`
         config = None
-    priced = charges(ResultStore(root, screen).run_costs())
+    store = ResultStore(root, screen)
+    priced = charges(store.run_costs())
     rows = []
     for path in sorted((root / screen / "cells").glob("*/*/metrics.json")):
-        metrics = json.loads(path.read_text())
+        metrics = store.read_checked(path, f"cell {path.parent.parent.name}", read_json)
+        if metrics is None:  # unreadable: kept aside, so the next run computes the cell again
+            continue
         cell = Cell.parse(metrics["cell_id"])
         row = {name: _get(metrics, where) for name, _, where in _COLUMNS if where}
         row["key"] = row["key"] or path.parent.name

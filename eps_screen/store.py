@@ -7,10 +7,13 @@
   phases/pre_screen.json, smoke.json, slab-<source>.json, multiseed.json
   costs/<flow run id>.json            what one GPU flow run cost, split among its cells (eps_screen/costs.py)
   report/                             main_effects.json, interactions.json, aggregate_metrics.json, figures, clean_result.html
+  runs/, claims/                      the live runs' leases and cell claims (eps_screen/store_claims.py)
 
 A key hashes everything that determines the artifact (the relevant config fields, the cell, the code's
 pipeline version), so a re-run on any machine finds finished work, and a changed recipe never reuses it.
-Writes are atomic (temp file + rename): a crash never leaves a half-written "finished" marker.
+Writes are atomic (eps_screen/store_files.py). A file that cannot be read (spoiled JSON, a cut-off parquet, an empty
+file) is kept aside as `<name>.bad-<time>`, and what it belonged to reads as not done and is computed again; a
+cell is finished when its metrics.json and its answers.parquet both read (docs/store.md).
 
 A store at a URL (`store: s3://bucket/prefix`, `eps_screen/remote.py`) is mirrored: every caller still works on
 the local directory `dir` (a cache, `store_cache`), and the methods below move files between it and the URL, so
@@ -27,9 +30,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,6 +42,18 @@ from eps_screen import design
 from eps_screen.config import ScreenConfig, is_tiny, parse_config
 from eps_screen.design import Cell, Regime
 from eps_screen.remote import Remote, default_cache, is_url
+from eps_screen.store_files import (
+    Unreadable,
+    aside_name,
+    check_parquet,
+    parse_json,
+    parse_jsonl,
+    report_aside,
+    set_aside,
+    write_json,
+    write_parquet,
+    write_text,
+)
 from eps_screen.tinymodel import CONTAMINATION_MARKER
 
 # Config sections that change what a cell's adapter and answers are. Gates, bootstrap, execution, name and
@@ -126,16 +140,13 @@ def _regime_key(config: ScreenConfig, regime: Regime) -> str:
     return _digest(payload if extra is None else {**payload, "treatments": extra})
 
 
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
-
-
 def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
+    return parse_json(path.read_bytes(), path.name)
+
+
+def _parquet(source, name: str = "") -> bool:
+    check_parquet(source, name or source.name)
+    return True
 
 
 def local_dir(root: str | Path) -> Path:
@@ -168,9 +179,7 @@ class ResultStore:
         return f"{self.url}/{self._rel(path)}" if self.url else str(path)
 
     def check_writable(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        probe = self.dir / f".probe-{os.getpid()}"
-        probe.write_text("ok")
+        write_text(probe := self.dir / f".probe-{os.getpid()}", "ok")
         probe.unlink()
         if self.remote:
             self.probe_remote()
@@ -197,6 +206,33 @@ class ResultStore:
         """The URL's version of a file that other processes rewrite (gates, phases), when it has one."""
         if self.remote:
             self.remote.get(self._rel(path), path)
+
+    def read_checked(self, path: Path, what: str, parse: Callable[[Path], object]):
+        """parse(path), fetched from the URL if only there; None if there is none or it cannot be parsed: then it
+        is kept aside, `what` reads as not done. At a URL store an unreadable cache copy is dropped for the URL's,
+        and only an unreadable URL copy is set aside (there, where every machine looks)."""
+        if not self._fetch(path):
+            return None
+        try:
+            return parse(path)
+        except Unreadable as exc:
+            problem = str(exc)
+        if self.remote is None:
+            aside = set_aside(path)
+            if aside is not None:
+                report_aside(what, problem, str(aside))
+            return None
+        path.unlink(missing_ok=True)
+        if self.remote.get(self._rel(path), path):
+            try:
+                return parse(path)
+            except Unreadable:
+                path.unlink(missing_ok=True)
+                rel = self._rel(path)
+                aside = aside_name(rel)
+                if self.remote.move(rel, aside):
+                    report_aside(what, problem, f"{self.url}/{aside}")
+        return None
 
     def _push(self, path: Path) -> None:
         if self.remote:
@@ -248,21 +284,18 @@ class ResultStore:
         return self.dir / "regimes" / regime.id / regime_key(config, regime)
 
     def has_regime(self, config: ScreenConfig, regime: Regime) -> bool:
-        return self._is_complete(self.regime_dir(config, regime), "meta.json")
+        return self.regime_answers(config, regime) is not None
 
     def regime_answers(self, config: ScreenConfig, regime: Regime) -> list[dict] | None:
-        d = self.regime_dir(config, regime)
-        if not self.has_regime(config, regime) or not self._fetch(d / "answers.jsonl"):
+        """The answer set, None unless its meta.json and answers.jsonl both read (an unreadable one is set aside)."""
+        d, what = self.regime_dir(config, regime), f"answer set {regime.id}"
+        if not self._is_complete(d, "meta.json") or self.read_checked(d / "meta.json", what, read_json) is None:
             return None
-        return [json.loads(line) for line in (d / "answers.jsonl").read_text().splitlines() if line]
+        return self.read_checked(d / "answers.jsonl", what, lambda p: parse_jsonl(p.read_bytes(), p.name))
 
     def save_regime(self, config: ScreenConfig, regime: Regime, answers: list[dict], meta: dict) -> Path:
         d = self.regime_dir(config, regime)
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".answers.")
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps(a) + "\n" for a in answers)
-        os.replace(tmp, d / "answers.jsonl")
+        write_text(d / "answers.jsonl", "".join(json.dumps(a) + "\n" for a in answers))
         self._complete(d, "meta.json", meta)  # last: its presence means the regime is complete
         return d
 
@@ -271,18 +304,35 @@ class ResultStore:
         return self.dir / "cells" / cell.id / cell_key(config, cell)
 
     def cell_metrics(self, config: ScreenConfig, cell: Cell) -> dict | None:
-        d = self.cell_dir(config, cell)
-        return read_json(d / "metrics.json") if self._is_complete(d, "metrics.json") else None
+        """The cell's metrics, None unless its metrics.json and answers.parquet both read (an unreadable one is
+        set aside, so the cell is computed again)."""
+        d, what = self.cell_dir(config, cell), f"cell {cell.id}"
+        if not self._is_complete(d, "metrics.json"):
+            return None
+        metrics = self.read_checked(d / "metrics.json", what, read_json)
+        return metrics if metrics is not None and self._parquet_reads(d / "answers.parquet", what) else None
+
+    def _parquet_reads(self, path: Path, what: str) -> bool:
+        """Whether a parquet file's footer reads; at the URL when the cache has no copy (reading the footer there
+        is two small requests, fetching the file may be megabytes of answer text)."""
+        if path.exists() or self.remote is None:
+            return self.read_checked(path, what, _parquet) is not None
+        try:
+            with self.remote.open(rel := self._rel(path)) as f:
+                return _parquet(f, path.name)
+        except FileNotFoundError:
+            return False
+        except Unreadable as exc:
+            if self.remote.move(rel, aside := aside_name(rel)):
+                report_aside(what, str(exc), f"{self.url}/{aside}")
+            return False
 
     def is_finished(self, config: ScreenConfig, cell: Cell) -> bool:
-        return self._is_complete(self.cell_dir(config, cell), "metrics.json")
+        return self.cell_metrics(config, cell) is not None
 
     def save_cell(self, config: ScreenConfig, cell: Cell, answers: pl.DataFrame, metrics: dict) -> Path:
         d = self.cell_dir(config, cell)
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / ".answers.parquet.tmp"
-        answers.write_parquet(tmp)
-        os.replace(tmp, d / "answers.parquet")
+        write_parquet(d / "answers.parquet", answers)
         self._complete(d, "metrics.json", metrics)  # last: its presence means the cell is finished
         return d
 
@@ -330,14 +380,13 @@ class ResultStore:
     def phase(self, name: str) -> dict | None:
         path = self.phase_path(name)
         self._refresh(path)
-        return read_json(path) if path.exists() else None
+        return self.read_checked(path, f"phase record {name}", read_json)
 
     def save_phase(self, name: str, data: dict, answers: pl.DataFrame | None = None) -> Path:
         """The phase's record, and its answers (as <name>.parquet) when given; the JSON last."""
         path = self.phase_path(name)
         if answers is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            answers.write_parquet(path.with_suffix(".parquet"))
+            write_parquet(path.with_suffix(".parquet"), answers)
             self._push(path.with_suffix(".parquet"))
         write_json(path, data)
         self._push(path)
@@ -368,13 +417,8 @@ class ResultStore:
         if self.remote:
             for rel in self.remote.glob(f"{self.screen}/costs/*.json"):
                 self._refresh(self.root / rel)  # a record is replaced when its run is priced again
-        records = []
-        for path in sorted((self.dir / "costs").glob("*.json")):
-            try:
-                records.append(read_json(path))
-            except ValueError as exc:  # JSONDecodeError: say which file, not just where in it
-                raise ValueError(f"{path}: not a cost record ({exc})") from exc
-        return records
+        found = (self.read_checked(p, f"cost record {p.stem}", read_json) for p in sorted((self.dir / "costs").glob("*.json")))
+        return [r for r in found if r is not None]
 
     @property
     def report_dir(self) -> Path:
@@ -403,11 +447,18 @@ def read_screen(root: str | Path, name: str) -> dict | None:
     """<root>/<name>/screen.json, local or at a URL; None if there is none."""
     if is_url(str(root)):
         try:
-            return json.loads(Remote(str(root)).read(f"{name}/screen.json"))
+            data, where = Remote(str(root)).read(f"{name}/screen.json"), f"{str(root).rstrip('/')}/{name}/screen.json"
         except FileNotFoundError:
             return None
-    path = local_dir(root) / name / "screen.json"
-    return read_json(path) if path.exists() else None
+    else:
+        path = local_dir(root) / name / "screen.json"
+        if not path.exists():
+            return None
+        data, where = path.read_bytes(), str(path)
+    try:
+        return parse_json(data, where)
+    except Unreadable as exc:
+        raise ScreenNotFound(f"{exc}; running the screen's config again writes it anew") from None
 
 
 class ScreenNotFound(LookupError):

@@ -117,7 +117,7 @@ def test_status_lists_the_url_once_instead_of_asking_per_cell(url, tmp_path, mon
     b = simulated(url, tmp_path / "b")  # another machine: nothing in its cache
     status = store_status(b, ResultStore.for_config(b))
     assert status.cells[CELL.id].state == "finished" and len(status.cells) == 96  # the slabs; multi-seed unknown
-    cell_gets = [g for g in gets if "/cells/" in g]
+    cell_gets = [g for g in gets if "/cells/" in g]  # the finished cell's answers: their footer read at the URL
     assert cell_gets == [f"simulated/cells/{CELL.id}/{ResultStore.for_config(a).cell_dir(a, CELL).name}/metrics.json"]
 
 

@@ -18,6 +18,7 @@ from eps_screen.report.figures import ab_interaction, factor_ranking, persona_he
 from eps_screen.report.labels import with_level_labels
 from eps_screen.report.page import render
 from eps_screen.report.tables import PLOTLY_CONFIG
+from eps_screen.store_files import write_text
 
 if TYPE_CHECKING:
     from eps_screen.aggregate import AggregateResult
@@ -58,13 +59,12 @@ def write_report(config: ScreenConfig, result: AggregateResult, out_dir: Path) -
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     for name, fig in figures.items():
-        (fig_dir / f"{name}.json").write_text(fig.to_json())
-        (fig_dir / f"{name}.html").write_text(
-            fig.to_html(full_html=False, include_plotlyjs=False, div_id=name, config=PLOTLY_CONFIG)
-        )
+        write_text(fig_dir / f"{name}.json", fig.to_json())
+        write_text(fig_dir / f"{name}.html",
+                   fig.to_html(full_html=False, include_plotlyjs=False, div_id=name, config=PLOTLY_CONFIG))
         paths[f"figures/{name}.json"] = fig_dir / f"{name}.json"
         paths[f"figures/{name}.html"] = fig_dir / f"{name}.html"
     page = out_dir / "clean_result.html"
-    page.write_text(render(config, result, figures), encoding="utf-8")
+    write_text(page, render(config, result, figures))
     paths["clean_result.html"] = page
     return paths

@@ -17,6 +17,7 @@ from eps_screen.costs import COST_HEADERS, cost_rows, screen_cost
 from eps_screen.design import phases
 from eps_screen.plan import phase_cells
 from eps_screen.store import ResultStore
+from eps_screen.store_verify import aside_files
 from flows.runtime.api import api_problem, api_url, ui_url
 from flows.runtime.runs import (
     QUEUED_STATES,
@@ -51,6 +52,7 @@ class ScreenStatus:
     screen_runs: list[Any] = field(default_factory=list)  # newest first
     prefect_note: str = ""
     cost: dict | None = None  # eps_screen.costs.ScreenCost.as_dict(): estimate beside actual, from the store
+    aside: list[str] = field(default_factory=list)  # unreadable files kept aside (eps_screen/store_files.py)
 
     @property
     def dir(self) -> Path:
@@ -86,7 +88,7 @@ def store_status(config: ScreenConfig, store: ResultStore) -> ScreenStatus:
             s = status[cell_id]
             s.state, s.source_rate, s.leakage = "finished", m["source_rate"], m["leakage"]
     return ScreenStatus(config, store, status, phases, bool(cells["multiseed"]), store.gates(),
-                        cost=_cost(config, store))
+                        cost=_cost(config, store), aside=list(aside_files(store)))
 
 
 def _cost(config: ScreenConfig, store: ResultStore) -> dict | None:
@@ -241,6 +243,12 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
 
     if status.cost:
         render_cost(status.cost, console)
+
+    if status.aside:
+        console.print(f"[yellow]{len(status.aside)} unreadable file(s) kept aside; what they held reads as not done, "
+                      "so the next run computes it again:[/]")
+        for path in status.aside:
+            console.print(f"  {escape(path)}", soft_wrap=True)
 
     if status.gates:
         render_gates(status.gates, console)
