@@ -313,8 +313,7 @@ class ResultStore:
         return metrics if metrics is not None and self._parquet_reads(d / "answers.parquet", what) else None
 
     def _parquet_reads(self, path: Path, what: str) -> bool:
-        """Whether a parquet file's footer reads; at the URL when the cache has no copy (reading the footer there
-        is two small requests, fetching the file may be megabytes of answer text)."""
+        """Whether its footer reads; at the URL when not cached (a few bytes there, not megabytes of answers)."""
         if path.exists() or self.remote is None:
             return self.read_checked(path, what, _parquet) is not None
         try:
@@ -417,8 +416,8 @@ class ResultStore:
         if self.remote:
             for rel in self.remote.glob(f"{self.screen}/costs/*.json"):
                 self._refresh(self.root / rel)  # a record is replaced when its run is priced again
-        found = (self.read_checked(p, f"cost record {p.stem}", read_json) for p in sorted((self.dir / "costs").glob("*.json")))
-        return [r for r in found if r is not None]
+        paths = sorted((self.dir / "costs").glob("*.json"))
+        return [r for p in paths if (r := self.read_checked(p, f"cost record {p.stem}", read_json)) is not None]
 
     @property
     def report_dir(self) -> Path:
@@ -445,18 +444,12 @@ def screen_names(root: str | Path) -> list[str]:
 
 def read_screen(root: str | Path, name: str) -> dict | None:
     """<root>/<name>/screen.json, local or at a URL; None if there is none."""
-    if is_url(str(root)):
-        try:
-            data, where = Remote(str(root)).read(f"{name}/screen.json"), f"{str(root).rstrip('/')}/{name}/screen.json"
-        except FileNotFoundError:
-            return None
-    else:
-        path = local_dir(root) / name / "screen.json"
-        if not path.exists():
-            return None
-        data, where = path.read_bytes(), str(path)
+    url = is_url(str(root))
+    where = f"{str(root).rstrip('/')}/{name}/screen.json" if url else str(local_dir(root) / name / "screen.json")
     try:
-        return parse_json(data, where)
+        return parse_json(Remote(str(root)).read(f"{name}/screen.json") if url else Path(where).read_bytes(), where)
+    except FileNotFoundError:
+        return None
     except Unreadable as exc:
         raise ScreenNotFound(f"{exc}; running the screen's config again writes it anew") from None
 

@@ -29,6 +29,7 @@ from eps_screen.presets import screen_name
 from eps_screen.provenance import provenance
 from eps_screen.stats import factorial_effects
 from eps_screen.store import ResultStore
+from eps_screen.store_claims import Busy, RunLease
 from flows.aggregate import aggregate, publish
 from eps_screen.cell_pool import CellPool, open_cell_pool
 from flows.runtime.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
@@ -60,24 +61,34 @@ def run_name() -> str:
 
 @flow(name="screen", on_running=[record_owner],  # `host:pid`, however it started (CLI or worker)
       flow_run_name=run_name, description="A factorial screen, phases 0-4. " + PHASES + JOB_NAMES)
-def screen(config: ScreenConfig) -> dict:
-    return run_screen(config)
+def screen(config: ScreenConfig, force: bool = False) -> dict:
+    """force: run even while another run of this screen holds its store (eps_screen/store_claims.py)."""
+    return run_screen(config, force)
 
 
-def run_screen(config: ScreenConfig):
-    """The body of both screen flows (the full config here, a preset in flows/preset.py)."""
+def run_screen(config: ScreenConfig, force: bool = False):
+    """The body of both screen flows (the full config here, a preset in flows/preset.py). A run that finds another
+    run of the screen live on its store ends in a Failed state named Busy, saying which (unless force)."""
     tag_run(config)
     store, plan = ResultStore.for_config(config), make_plan(config)
     try:
         pool_has_worker(config)
     except Stopped as stop:
         return stop.state
-    with open_cell_pool(config) as pool:  # an exception stops its processes; a gate's Stopped has none in flight
-        try:
-            return ScreenRun(config, store, plan, pool, PhaseProgress(config, plan)).phases()
-        except Stopped as stop:
-            tracking.end_screen(config, store, killed=stop.state.name == "Killed")
-            return stop.state
+    lease = RunLease(store, prefect_run=str(flow_run.id))
+    try:
+        lease.start(force)
+    except Busy as busy:
+        return Failed(name="Busy", message=str(busy))
+    try:
+        with open_cell_pool(config) as pool:  # an exception stops its processes; a gate's Stopped has none in flight
+            try:
+                return ScreenRun(config, store, plan, pool, PhaseProgress(config, plan), lease).phases()
+            except Stopped as stop:
+                tracking.end_screen(config, store, killed=stop.state.name == "Killed")
+                return stop.state
+    finally:
+        lease.end()
 
 
 class Stopped(Exception):
@@ -94,8 +105,9 @@ class ScreenRun:
     progress artifact, and its phases."""
 
     def __init__(self, config: ScreenConfig, store: ResultStore, plan: Plan, pool: CellPool | None = None,
-                 progress: PhaseProgress | None = None):
+                 progress: PhaseProgress | None = None, lease: RunLease | None = None):
         self.config, self.store, self.plan, self.pool, self.progress = config, store, plan, pool, progress
+        self.lease = lease
 
     def phases(self):
         config, store, progress = self.config, self.store, self.progress
@@ -207,7 +219,26 @@ class ScreenRun:
 
     # --- where a phase's cells run ------------------------------------------------------------------------------
     def cells(self, cells: list[Cell]) -> dict[str, dict]:
-        """{cell id: summary} of these cells, each run where the config says (finished ones read from the store)."""
+        """{cell id: summary} of these cells, each run where the config says (finished ones read from the store).
+        Only cells this run holds a claim on are computed; those another live run holds are waited for."""
+        if self.lease is None:
+            return self._cells(cells)
+        results, waiting = {}, cells
+        while waiting:
+            mine, theirs = self.lease.claim(self.config, waiting)
+            try:
+                results.update(self._cells(mine))
+            finally:
+                self.lease.release(self.config, mine)
+            if theirs:
+                get_run_logger().info("%d cell(s) are being computed by another run of this screen: waiting for them",
+                                      len(theirs))
+            waiting = self.lease.wait(self.config, theirs)
+        return {c.id: results[c.id] for c in cells}
+
+    def _cells(self, cells: list[Cell]) -> dict[str, dict]:
+        if not cells:
+            return {}
         if self.config.execution.pool != "inprocess":
             return self._on_gpu_pool(cells)
         if cells and not self.config.simulated:

@@ -263,7 +263,7 @@ def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, mon
     out = capsys.readouterr().out
     assert "Running" in out and "[process gone]" in out and "not on this host" not in out
 
-    monkeypatch.setattr(submit, "run_screen_here", lambda config, store, plan, console: Completed())  # only the marking matters here
+    monkeypatch.setattr(submit, "run_screen_here", lambda config, store, plan, console, **_: Completed())  # only the marking matters here
     assert main(["retry", "ops", "--store", str(store)]) == 0
     out = capsys.readouterr().out
     assert f"({run.id}) Crashed: its process is gone" in out and "--force" not in out

