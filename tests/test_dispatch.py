@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import anyio
+import polars as pl
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -531,7 +532,8 @@ def test_a_completed_run_is_taken_only_for_cells_the_store_has_finished(harness,
     finished, deleted = Cell.parse(ids("c0")[0]), Cell.parse(ids("c1")[0])
     store = ResultStore.for_config(config)
     store.cell_dir(config, finished).mkdir(parents=True, exist_ok=True)
-    (store.cell_dir(config, finished) / "metrics.json").write_text("{}")
+    pl.DataFrame({"marker": [True]}).write_parquet(store.cell_dir(config, finished) / "answers.parquet")
+    (store.cell_dir(config, finished) / "metrics.json").write_text("{}")  # finished: both files read
     try:
         dispatch(harness, lambda c, a: "complete", ids("c0", "c1"))  # both complete (the earlier dispatch)
         out, ex = dispatch(harness, lambda c, a: "complete", ids("c0", "c1"))
@@ -539,3 +541,4 @@ def test_a_completed_run_is_taken_only_for_cells_the_store_has_finished(harness,
         assert not store.is_finished(config, deleted)
     finally:
         (store.cell_dir(config, finished) / "metrics.json").unlink()
+        (store.cell_dir(config, finished) / "answers.parquet").unlink()
