@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,18 +42,7 @@ from eps_screen import design
 from eps_screen.config import ScreenConfig, is_tiny, parse_config
 from eps_screen.design import Cell, Regime
 from eps_screen.remote import Remote, default_cache, is_url
-from eps_screen.store_files import (
-    Unreadable,
-    aside_name,
-    check_parquet,
-    parse_json,
-    parse_jsonl,
-    report_aside,
-    set_aside,
-    write_json,
-    write_parquet,
-    write_text,
-)
+from eps_screen.store_files import CheckedReads, Unreadable, parse_json, parse_jsonl, write_json, write_parquet, write_text
 from eps_screen.tinymodel import CONTAMINATION_MARKER
 
 # Config sections that change what a cell's adapter and answers are. Gates, bootstrap, execution, name and
@@ -144,17 +133,12 @@ def read_json(path: Path) -> dict:
     return parse_json(path.read_bytes(), path.name)
 
 
-def _parquet(source, name: str = "") -> bool:
-    check_parquet(source, name or source.name)
-    return True
-
-
 def local_dir(root: str | Path) -> Path:
     """A local store's directory, from a path or a file:// URL."""
     return Path(str(root).removeprefix("file://")).expanduser().resolve()
 
 
-class ResultStore:
+class ResultStore(CheckedReads):
     def __init__(self, root: str | Path, screen: str, cache: str | Path | None = None, options: dict | None = None):
         root = str(root)
         self.url = root.rstrip("/") if is_url(root) else None
@@ -206,33 +190,6 @@ class ResultStore:
         """The URL's version of a file that other processes rewrite (gates, phases), when it has one."""
         if self.remote:
             self.remote.get(self._rel(path), path)
-
-    def read_checked(self, path: Path, what: str, parse: Callable[[Path], object]):
-        """parse(path), fetched from the URL if only there; None if there is none or it cannot be parsed: then it
-        is kept aside, `what` reads as not done. At a URL store an unreadable cache copy is dropped for the URL's,
-        and only an unreadable URL copy is set aside (there, where every machine looks)."""
-        if not self._fetch(path):
-            return None
-        try:
-            return parse(path)
-        except Unreadable as exc:
-            problem = str(exc)
-        if self.remote is None:
-            aside = set_aside(path)
-            if aside is not None:
-                report_aside(what, problem, str(aside))
-            return None
-        path.unlink(missing_ok=True)
-        if self.remote.get(self._rel(path), path):
-            try:
-                return parse(path)
-            except Unreadable:
-                path.unlink(missing_ok=True)
-                rel = self._rel(path)
-                aside = aside_name(rel)
-                if self.remote.move(rel, aside):
-                    report_aside(what, problem, f"{self.url}/{aside}")
-        return None
 
     def _push(self, path: Path) -> None:
         if self.remote:
@@ -311,20 +268,6 @@ class ResultStore:
             return None
         metrics = self.read_checked(d / "metrics.json", what, read_json)
         return metrics if metrics is not None and self._parquet_reads(d / "answers.parquet", what) else None
-
-    def _parquet_reads(self, path: Path, what: str) -> bool:
-        """Whether its footer reads; at the URL when not cached (a few bytes there, not megabytes of answers)."""
-        if path.exists() or self.remote is None:
-            return self.read_checked(path, what, _parquet) is not None
-        try:
-            with self.remote.open(rel := self._rel(path)) as f:
-                return _parquet(f, path.name)
-        except FileNotFoundError:
-            return False
-        except Unreadable as exc:
-            if self.remote.move(rel, aside := aside_name(rel)):
-                report_aside(what, str(exc), f"{self.url}/{aside}")
-            return False
 
     def is_finished(self, config: ScreenConfig, cell: Cell) -> bool:
         return self.cell_metrics(config, cell) is not None

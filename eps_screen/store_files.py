@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -125,3 +126,53 @@ def set_aside(path: Path) -> Path | None:
 
 def report_aside(what: str, problem: str, where: str) -> None:
     log.warning("%s: %s; kept aside as %s, so it reads as not done", what, problem, where)
+
+
+def _parquet(source, name: str = "") -> bool:
+    check_parquet(source, name or source.name)
+    return True
+
+
+class CheckedReads:
+    """ResultStore's reads that check what they read (its cache `_fetch`, `_rel`, `remote` and `url` they use)."""
+
+    def read_checked(self, path: Path, what: str, parse: Callable[[Path], object]):
+        """parse(path), fetched from the URL if only there; None if there is none or it cannot be parsed: then it
+        is kept aside, `what` reads as not done. At a URL store an unreadable cache copy is dropped for the URL's,
+        and only an unreadable URL copy is set aside (there, where every machine looks)."""
+        if not self._fetch(path):
+            return None
+        try:
+            return parse(path)
+        except Unreadable as exc:
+            problem = str(exc)
+        if self.remote is None:
+            aside = set_aside(path)
+            if aside is not None:
+                report_aside(what, problem, str(aside))
+            return None
+        path.unlink(missing_ok=True)
+        if self.remote.get(self._rel(path), path):
+            try:
+                return parse(path)
+            except Unreadable:
+                path.unlink(missing_ok=True)
+                rel = self._rel(path)
+                aside = aside_name(rel)
+                if self.remote.move(rel, aside):
+                    report_aside(what, problem, f"{self.url}/{aside}")
+        return None
+
+    def _parquet_reads(self, path: Path, what: str) -> bool:
+        """Whether its footer reads; at the URL when not cached (a few bytes there, not megabytes of answers)."""
+        if path.exists() or self.remote is None:
+            return self.read_checked(path, what, _parquet) is not None
+        try:
+            with self.remote.open(rel := self._rel(path)) as f:
+                return _parquet(f, path.name)
+        except FileNotFoundError:
+            return False
+        except Unreadable as exc:
+            if self.remote.move(rel, aside := aside_name(rel)):
+                report_aside(what, str(exc), f"{self.url}/{aside}")
+            return False
