@@ -128,8 +128,21 @@ def report_aside(what: str, problem: str, where: str) -> None:
     log.warning("%s: %s; kept aside as %s, so it reads as not done", what, problem, where)
 
 
+# Parquet files whose footer read, by (path, inode, size, mtime), or by (URL, path) for one read at its URL: a
+# store's finished cells are asked about again and again (status, each phase, each cell's cache key); a local file
+# rewritten is a new entry.
+_READ: set[tuple] = set()
+
+
 def _parquet(source, name: str = "") -> bool:
-    check_parquet(source, name or source.name)
+    if not isinstance(source, Path):
+        check_parquet(source, name)
+        return True
+    st = source.stat()
+    seen = (str(source), st.st_ino, st.st_size, st.st_mtime_ns)
+    if seen not in _READ:
+        check_parquet(source, source.name)
+        _READ.add(seen)
     return True
 
 
@@ -167,9 +180,13 @@ class CheckedReads:
         """Whether its footer reads; at the URL when not cached (a few bytes there, not megabytes of answers)."""
         if path.exists() or self.remote is None:
             return self.read_checked(path, what, _parquet) is not None
+        if (seen := (self.url, rel := self._rel(path))) in _READ:  # read at the URL earlier in this process
+            return True
         try:
-            with self.remote.open(rel := self._rel(path)) as f:
-                return _parquet(f, path.name)
+            with self.remote.open(rel) as f:
+                _parquet(f, path.name)
+            _READ.add(seen)
+            return True
         except FileNotFoundError:
             return False
         except Unreadable as exc:
