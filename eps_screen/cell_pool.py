@@ -239,6 +239,7 @@ class _Worker:
 def _serve(conn, config: ScreenConfig, work: Work) -> None:
     """A worker process: its own store, then one cell id at a time in, (kind, metrics or exception) out."""
     _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group: the screen stops its workers
     store = ResultStore.for_config(config)
     while True:
         try:

@@ -1,5 +1,6 @@
 """`eps-screen run [CONFIG]`: validate, then run the screen in this process, or (--submit) as a run of the
-`screen` deployment on the cpu pool, watched from here. The report's path is the last line of stdout."""
+`screen` deployment on the cpu pool, watched from here. The report's path is the last line of stdout. Ctrl-C or
+SIGTERM ends an in-process run: one line on stderr, exit 130 or 143 (flows.runtime.interrupt)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from eps_screen.store import ResultStore
 from eps_screen.store_claims import RunLease, describe
 from flows.cli.session import command_env, console, load
 from flows.runtime.api import api_problem
+from flows.runtime.interrupt import until_interrupted
 from flows.runtime.submit import CannotSubmit, run_screen_here, submit_screen
 
 
@@ -28,6 +30,10 @@ def run(args) -> int:
     if holder is not None:  # before Prefect and its temporary server start: the flow checks again, race-free
         print(f"error: {describe(holder, config.name)}", file=sys.stderr)
         return 2
+    return until_interrupted(lambda: _run(args, config, store, plan), store.finished_count)
+
+
+def _run(args, config, store: ResultStore, plan) -> int:
     if args.submit:
         problem = api_problem(required=True)
         if problem:

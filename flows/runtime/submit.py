@@ -28,11 +28,15 @@ def _progress(config: ScreenConfig, store: ResultStore, plan: Plan, console) -> 
 
 def run_screen_here(config: ScreenConfig, store: ResultStore, plan: Plan, console, force: bool = False):
     """The screen flow in this process (finished cells are read from the store), its progress shown from the
-    first second; returns the flow's final state."""
-    with _progress(config, store, plan, console):
-        from flows.screen import screen  # imports Prefect: seconds the progress line already covers
+    first second; returns the flow's final state. Ctrl-C or SIGTERM (flows.runtime.interrupt) raises
+    KeyboardInterrupt once the run has recorded its end and the temporary server, if any, has stopped."""
+    with _progress(config, store, plan, console) as progress:
+        from flows.runtime.interrupt import temporary_server  # imports Prefect: seconds the progress line covers
+        from flows.screen import screen
 
-        return screen(config, force=force, return_state=True)
+        progress.route_prefect_logs()  # its log handlers exist now
+        with temporary_server():
+            return screen(config, force=force, return_state=True)
 
 
 class CannotSubmit(RuntimeError):

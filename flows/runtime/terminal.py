@@ -4,6 +4,7 @@ from its store, so it works whoever runs the cells."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,8 +46,11 @@ def _duration(seconds: float) -> str:
 
 
 def prefect_console_handlers() -> list:
-    """Prefect's console log handlers on every logger: each prints through a rich Console of its own, bound to
-    the stream it found when logging was set up, so its lines would land inside a live bar."""
+    """Prefect's console log handlers on every logger, once Prefect's logging is set up (at `import prefect`): each
+    prints through a rich Console of its own, bound to the stream it found then, so its lines would land inside a
+    live bar. None before Prefect's logging exists (importing its handlers here would not set it up)."""
+    if "prefect.logging.handlers" not in sys.modules:
+        return []
     from prefect.logging.handlers import PrefectConsoleHandler
 
     loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
@@ -131,15 +135,23 @@ class TerminalProgress:
                                 TextColumn("time left {task.fields[eta]}"), console=self.console, transient=False)
             phase, done, eta = self.state()
             self.task = self.bar.add_task(self.label, total=self.total, completed=done, phase=phase, eta=eta)
-            # Prefect's log lines go through the bar's console while it is live: printed above the bar, whole.
-            self.handlers = [(h, h.console) for h in prefect_console_handlers()]
-            for handler, _ in self.handlers:
-                handler.console = self.console
+            self.route_prefect_logs()
             self.bar.start()
         else:
             self._say(force=True)
         self.thread.start()
         return self
+
+    def route_prefect_logs(self) -> None:
+        """While the bar is live, Prefect's log lines go through the bar's console: printed above the bar, whole,
+        with no copy of the bar left behind. Called again once Prefect is imported: its handlers exist only then."""
+        if not self.live:
+            return
+        known = {id(h) for h, _ in self.handlers}
+        for handler in prefect_console_handlers():
+            if id(handler) not in known:
+                self.handlers.append((handler, handler.console))
+                handler.console = self.console
 
     def __exit__(self, *exc) -> None:
         self.halt.set()
