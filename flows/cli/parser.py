@@ -77,8 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  "then re-aggregate"),
                        ("report", "re-aggregate a screen now (partial screens too)")):
         sp = sub.add_parser(name, help=text)
-        sp.add_argument("screen", help="the screen's name (a directory of the store; required)")
-        sp.add_argument("--store", default="results", help=f"{STORE_HELP} (default: results)")
+        sp.add_argument("screen", metavar="SCREEN|CONFIG",
+                        help="the screen's config file (YAML: its name and store are used) or its name (a directory "
+                             "of the store) (required)")
+        sp.add_argument("--store", help=f"{STORE_HELP} (default: the config's `store`; with a name: results, else "
+                                        "the store this machine's runs of that screen registered)")
         sp.set_defaults(module=name)
         if name == "status":
             sp.add_argument("--cells", choices=["unfinished", "all", "none"], default="unfinished",
@@ -108,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rs = sub.add_parser("results", help="every finished cell of every screen in a store, one row each, with its "
                                         "screen, recipe key, factor levels, seed, SR, LR and training loss")
-    rs.add_argument("--store", default="results", help=f"{STORE_HELP}; a URL store's local mirror is read "
-                                                        "(default: results)")
+    rs.add_argument("--store", help=f"{STORE_HELP}; a URL store's local mirror is read; a store that does not "
+                                    "exist is an error (default: results)")
     rs.add_argument("--screen", action="append",
                     help="only this screen; repeatable (default: every screen in the store)")
     rs.add_argument("--where", help='only the rows that meet this SQL condition over the columns, e.g. '

@@ -8,20 +8,22 @@ from pathlib import Path
 import polars as pl
 
 from eps_screen.results_table import results_table, where
-from eps_screen.store import ResultStore, ScreenNotFound
+from eps_screen.store import ScreenNotFound
+from flows.cli.session import NoStore, existing_store
 
 
 def run(args) -> int:
     if args.format == "parquet" and not args.output:
         print("--format parquet writes a file: give it --output FILE (e.g. --output cells.parquet)", file=sys.stderr)
         return 2
-    root = ResultStore(args.store, "-").root  # a URL store: its local mirror on this machine
     try:
+        # a URL store: its local mirror on this machine
+        root = existing_store(args.store or "results", None if args.store else "the default --store results")
         table = results_table(root, args.screen)
         if args.where:
             table = where(table, args.where)
-    except (ScreenNotFound, ValueError) as exc:
-        print(exc, file=sys.stderr)
+    except (NoStore, ScreenNotFound, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "parquet":
         table.write_parquet(args.output)

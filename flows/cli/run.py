@@ -8,6 +8,7 @@ import sys
 
 from eps_screen.packaged_models import weights_problems
 from eps_screen.plan import make_plan
+from eps_screen.report.stores import register
 from eps_screen.store import ResultStore
 from eps_screen.store_claims import RunLease, describe
 from flows.cli.session import command_env, console, load
@@ -30,6 +31,7 @@ def run(args) -> int:
     if holder is not None:  # before Prefect and its temporary server start: the flow checks again, race-free
         print(f"error: {describe(holder, config.name)}", file=sys.stderr)
         return 2
+    register(store)  # status, retry and report find the screen by its name from now on, even before its report
     return until_interrupted(lambda: _run(args, config, store, plan), store.finished_count)
 
 

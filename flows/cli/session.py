@@ -1,12 +1,16 @@
-"""What every command may need: a config read (or one line per problem), Prefect's environment, the console."""
+"""What every command may need: a config read (or one line per problem), a store that exists, Prefect's environment,
+the console."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from eps_screen.config import ConfigError, ScreenConfig, load_config
+from eps_screen.remote import is_url
+from eps_screen.store import ResultStore
 
 
 def load(path: str) -> ScreenConfig:
@@ -17,6 +21,24 @@ def load(path: str) -> ScreenConfig:
         for line in err.problems:
             print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+class NoStore(LookupError):
+    """A local store (or a URL store's mirror on this machine) that does not exist."""
+
+
+def existing_store(root: str, named_by: str | None = None) -> Path:
+    """The local directory of a store (a URL store's mirror), or NoStore naming the path and what named it
+    (`named_by`, default "--store ROOT")."""
+    path = ResultStore(root, "-").root
+    if path.is_dir():
+        return path
+    named_by = named_by or f"--store {root}"
+    if is_url(root):
+        raise NoStore(f"no local copy of the store {root} at {path} ({named_by}): run a screen on it from this "
+                      "machine, or give its copy's directory with --store")
+    relative = "" if Path(root).expanduser().is_absolute() else f", relative to the working directory {Path.cwd()}"
+    raise NoStore(f"no store at {path} ({named_by}{relative}): give the directory a screen wrote to with --store")
 
 
 def command_env() -> None:
