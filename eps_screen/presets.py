@@ -8,6 +8,7 @@ is deployments/configs/NAME.yaml there, the same file `eps-screen run deployment
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 from eps_screen.config import ConfigError, ScreenConfig, parse_config
 
 PRESET_DIR = Path("deployments") / "configs"
+SUMMARY_CHARS = 200
 
 
 def preset_path(preset: str, base: Path | None = None) -> Path:
@@ -26,6 +28,30 @@ def preset_path(preset: str, base: Path | None = None) -> Path:
 def preset_names(base: Path) -> list[str]:
     """The presets shipped in `base` (a repository root), sorted."""
     return sorted(p.stem for p in (base / PRESET_DIR).glob("*.yaml"))
+
+
+def preset_summary(path: Path) -> str:
+    """The first sentence of a shipped config's opening comment (after its `eps-screen run ...` line), at most
+    SUMMARY_CHARS, with angle brackets made plain: Prefect's form drops text between them."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    text = " ".join(x for x in lines if x and not x.startswith("eps-screen "))
+    first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0].rstrip(";.")
+    first = first.replace("<=", "at most").replace("<", "").replace(">", "")
+    if len(first) > SUMMARY_CHARS:  # a form's help, not the whole story: what comes before the sentence's colon
+        cuts = {sep: [m.start() for m in re.finditer(sep, first[:SUMMARY_CHARS])
+                      if first[:m.start()].count("(") == first[:m.start()].count(")")] for sep in (": ", ", ")}
+        cut = cuts[": "][:1] or cuts[", "][-1:]
+        first = first[:cut[0]] + " ..." if cut else first
+    return first
+
+
+def preset_summaries(base: Path) -> dict[str, str]:
+    """{preset: its summary} of the presets shipped in `base` (a repository root), sorted by name."""
+    return {name: preset_summary(preset_path(name, base)) for name in preset_names(base)}
 
 
 def with_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,7 +82,8 @@ def config_file(preset: str | None, config_path: str | None, base: Path | None =
         return (path if path.is_absolute() else (base or Path.cwd()) / path), "config_path"
     if preset:
         return preset_path(preset, base), "preset"
-    raise ConfigError(["preset: choose a preset (tiny, simulated, qwen7b) or give config_path"])
+    names = ", ".join(preset_names(base or Path.cwd())) or "none found in deployments/configs"
+    raise ConfigError([f"preset: choose a preset ({names}) or give config_path"])
 
 
 def resolve(preset: str | None, config_path: str | None = None, name: str | None = None, store: str | None = None,

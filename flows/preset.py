@@ -8,32 +8,31 @@ this runs the same body (flows.screen.run_screen) in this run, not as a subflow.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.states import Failed
 
 from eps_screen.config import ConfigError
-from eps_screen.presets import resolve
+from eps_screen.presets import preset_summaries, resolve
 from flows.runtime.runs import record_owner
 from flows.screen import JOB_NAMES, PHASES, run_name, run_screen
 
-# deployments/configs/*.yaml; tests/test_preset.py fails when a shipped config is missing here.
-Preset = Literal["tiny", "simulated", "qwen7b", "tiny-recipe", "sim-6-2", "sim-pb12", "tiny-ping"]
+REPO = Path(__file__).resolve().parents[1]
+# The form's choices and their help come from the shipped configs (deployments/configs/*.yaml): each one's name,
+# and the first sentence of its opening comment.
+PRESETS = preset_summaries(REPO)
+Preset = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
-@flow(name="screen", on_running=[record_owner], flow_run_name=run_name, validate_parameters=True,
-      description="A factorial screen from a shipped preset (deployments/configs) or a config file, with overrides. "
-                  + PHASES + JOB_NAMES)
 def screen_preset(preset: Preset = "tiny", config_path: str = "", name: str = "", store: str = "",
                   overrides: dict[str, Any] = {}):  # never mutated; a dict default gives the form a JSON editor, not a None toggle
     """A screen from a preset.
 
     Args:
-        preset: A shipped config, deployments/configs/PRESET.yaml in the repository: tiny (the tiny local model,
-            in-process on the CPU: 15 minutes to an hour; what `eps-screen run` runs), simulated (qwen7b's full design
-            with planted effects: every phase in a few minutes, in-process) or qwen7b (Qwen2.5-7B on the runpod-gpu
-            pool: set the store to an s3:// URL first).
+        preset: A shipped config, deployments/configs/PRESET.yaml in the repository (tiny is what `eps-screen
+            run` runs). {presets}.
         config_path: A config file to use instead of the preset: absolute, or relative to the repository (the run's
             working directory). Empty: the preset.
         name: The screen's name: the run is named screen-NAME and results go to STORE/NAME. Empty: the config's.
@@ -52,3 +51,11 @@ def screen_preset(preset: Preset = "tiny", config_path: str = "", name: str = ""
     get_run_logger().info("config: %s%s", config_path or f"preset {preset}",
                           f" with {', '.join(sorted(overrides))} changed" if overrides else "")
     return run_screen(config)
+
+
+# The docstring is the form's help (Prefect reads each argument's from it): set before the flow is made.
+screen_preset.__doc__ = screen_preset.__doc__.replace(
+    "{presets}", "; ".join(f"{name}: {summary}" for name, summary in PRESETS.items()))
+screen_preset = flow(name="screen", on_running=[record_owner], flow_run_name=run_name, validate_parameters=True,
+                     description="A factorial screen from a shipped preset (deployments/configs) or a config file, "
+                                 "with overrides. " + PHASES + JOB_NAMES)(screen_preset)

@@ -223,3 +223,25 @@ def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, m
     # one record: the ledger's, untouched by the gate task
     assert gates_file.stat().st_mtime_ns == written
     assert json.loads(gates_file.read_text())["5"] == recorded.model_dump(mode="json")
+
+
+def test_the_preset_help_is_written_from_the_shipped_configs(tmp_path):
+    """Each preset's help on the form is the first sentence of its config's opening comment: a new or edited preset
+    documents itself."""
+    from eps_screen.presets import preset_summaries, preset_summary
+    from flows.preset import screen_preset
+
+    text = screen_preset.parameters.model_dump()["properties"]["preset"]["description"]
+    summaries = preset_summaries(ROOT)
+    assert set(summaries) == set(preset_names(ROOT))
+    for name, summary in summaries.items():
+        assert f"{name}: {summary}" in text and len(summary) > 20
+    assert summaries["tiny"].endswith("in-process on the CPU, in minutes")  # tiny.yaml's own words
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("# eps-screen run mine.yaml\n#\n# A screen of <= 8 cells (mine: one source, a 2^3 of rank,\n"
+                    "# learning rate and epochs) on the tiny model: minutes. Second sentence.\nname: mine\n")
+    assert preset_summary(path) == "A screen of at most 8 cells (mine: one source, a 2^3 of rank, learning rate and " \
+                                   "epochs) on the tiny model: minutes"
+    path.write_text("# " + "A long one, " * 30 + "the end: and more.\nname: long\n")
+    assert preset_summary(path) == ("A long one, " * 16).rstrip(", ") + " ..."
