@@ -12,7 +12,7 @@ from eps_screen.config import ScreenConfig
 from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.phase_sizes import distinct_cells
 from eps_screen.report.labels import level_words
-from eps_screen.report.serve import report_url
+from eps_screen.report.serve import report_url, shown_link
 from eps_screen.report.stores import location
 from eps_screen.report.tldr import tldr
 from eps_screen.store import ResultStore, load_screen, screen_names
@@ -34,7 +34,8 @@ def aggregate(config: ScreenConfig) -> dict:
     summary = {**summary, "url": url, "store": where,
                "markdown": _summary_markdown(config, result, url, total, where)}
     logger = get_run_logger()
-    logger.info("aggregated %s: report %s", cells_of(result.metrics.coverage.present, total), url)
+    logger.info("aggregated %s: report %s", cells_of(result.metrics.coverage.present, total),
+                shown_link(url, store.report_dir / "clean_result.html"))
     for caveat in result.estimates.caveats:  # what the intervals leave out, said where the results are shown
         logger.warning("%s", caveat)
     publish(config, summary)

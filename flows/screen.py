@@ -27,6 +27,7 @@ from eps_screen.design import PRE_SCREEN_ID, Cell
 from eps_screen.plan import Plan, make_plan, multiseed_pick
 from eps_screen.presets import screen_name
 from eps_screen.provenance import provenance
+from eps_screen.report.serve import shown_link
 from eps_screen.stats import factorial_effects
 from eps_screen.store import ResultStore
 from eps_screen.store_claims import Busy, RunLease
@@ -149,7 +150,7 @@ class ScreenRun:
         for number, name in sorted(names.items()):
             judged_gate(quote(store), number, name)
         progress.begin(None)
-        get_run_logger().info("report: %s (%s)", result.get("url") or result["report"], result["report"])
+        get_run_logger().info("report: %s", shown_link(result.get("url"), result["report"]))
         fired = result.get("fired") or []
         if fired:
             return Completed(message=f"report {result['report']}; gates fired: {', '.join(fired)}", data=result)

@@ -21,6 +21,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.request import Request, urlopen
 
 from eps_screen.remote import is_url
 from eps_screen.report import stores
@@ -44,6 +45,23 @@ def report_url(where: str, screen: str, base: str | None = None) -> str:
         return f"{where.rstrip('/')}/{screen}/{PAGE}"
     return (f"{(base or default_base()).rstrip('/')}/stores/{stores.store_id(where)}/{quote(screen)}/{PAGE}"
             f"?store={quote(where, safe='/:')}")
+
+
+def shown_link(url: str | None, path: str | Path) -> str:
+    """How a run names its report on the terminal: "URL (PATH)" where the URL works, else the path and the command
+    that serves it. A URL under EPS_REPORT_URL (a tunnel's address may answer only on the user's side) or a URL
+    store's object URL is taken as given; this server's own address only when something answers there."""
+    if url and (os.environ.get(REPORT_URL_ENV) or not url.startswith(default_base()) or _answers(url)):
+        return f"{url} ({path})"
+    return f"{path} (`eps-screen serve` serves it over HTTP)"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urlopen(Request(url, method="HEAD"), timeout=2) as response:
+            return response.status == 200
+    except (OSError, ValueError):  # refused, timed out, or an HTTP error status
+        return False
 
 
 def _screens(root: Path) -> list[str]:
