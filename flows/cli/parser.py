@@ -143,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rename each unreadable file <name>.bad-<time> (default: off, only list them)")
     vf.set_defaults(module="verify")
 
+    cf = sub.add_parser("config", help="the config reference: every field, its type, default and description")
+    cf.add_argument("--defaults", action="store_true",
+                    help="print every field with its default and description (default: off; required)")
+    cf.add_argument("--section", help="only this section, e.g. eval or training; `top` for the top-level fields "
+                                      "(default: every section)")
+    cf.add_argument("--markdown", action="store_true",
+                    help="print the reference as markdown, the text of docs/config.md (default: off, plain text)")
+    cf.set_defaults(module="config")
+
     dr = sub.add_parser("doctor", help="preflight checks: config, store, Prefect API, pool, workers, credentials")
     dr.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG),
                     help=f"{CONFIG_HELP} (default: deployments/configs/tiny.yaml)")
