@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from eps_screen.config_profiles import with_profile
 from eps_screen.prediction_rules import PredictionRule, check_declarations
 from eps_screen.power_config import PowerConfig, check_target
 
@@ -960,6 +961,9 @@ def format_errors(err: ValidationError) -> list[str]:
 
 
 def parse_config(data: dict[str, Any]) -> ScreenConfig:
+    """A config from its fields as written; a small model's size profile fills what they leave out
+    (eps_screen.config_profiles)."""
+    data, _, _ = with_profile(data)
     try:
         return ScreenConfig.model_validate(data)
     except ValidationError as err:
@@ -967,6 +971,11 @@ def parse_config(data: dict[str, Any]) -> ScreenConfig:
 
 
 def load_config(path: str | Path) -> ScreenConfig:
+    return parse_config(read_config_file(path))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A config file's fields as written (YAML), or a ConfigError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{path}: no such config file"])
@@ -978,4 +987,4 @@ def load_config(path: str | Path) -> ScreenConfig:
         raise ConfigError([f"{path}: the config file is empty (or only comments); give the screen's fields, e.g. a copy of deployments/configs/tiny.yaml"])
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of fields"])
-    return parse_config(data)
+    return data

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from eps_screen.config import ScreenConfig
+from eps_screen.config_profiles import PROFILES, profiles_markdown
 
 TOP = "top"  # the section of the fields at the top level of the config (name, sources, store, ...)
 COMMAND = "eps-screen config --defaults --markdown > docs/config.md"
@@ -103,6 +104,9 @@ def reference_text(section: str | None = None) -> str:
             lines.append(f"  {row.path} = {row.default}  ({row.type})")
             lines += textwrap.wrap(row.description, 112, initial_indent=" " * 6, subsequent_indent=" " * 6)
         lines.append("")
+    if section is None:
+        lines += [f"A small model's size profile fills what a config leaves out ({', '.join(p.name for p in PROFILES)};"
+                  " docs/config.md lists them); `eps-screen validate CONFIG` names the one that applied.", ""]
     return "\n".join(lines)
 
 
@@ -117,10 +121,11 @@ def reference_markdown() -> str:
            f"(`eps_screen/config.py`) by `{COMMAND}`; `eps-screen config --defaults --section SECTION` prints one "
            "section on the terminal. A config sets only what differs from these defaults; "
            "`eps-screen validate CONFIG` checks it and prints its plan. Sizes here are those of the reference 7B "
-           "screen; see docs/experiment.md for the experiment they serve.", ""]
+           "screen (docs/experiment.md); a small model's config gets its size profile instead, for the fields it "
+           "leaves out (the last section).", ""]
     for name, (about, rows) in sections().items():
         out += [f"## {'Top level' if name == TOP else f'`{name}`'}", "", about, "",
                 "| field | type | default | description |", "|---|---|---|---|"]
         out += [f"| `{r.path}` | {_cell(r.type)} | `{_cell(r.default)}` | {_cell(r.description)} |" for r in rows]
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out) + "\n" + profiles_markdown()

@@ -7,6 +7,8 @@ import sys
 
 from eps_screen.estimate import at_gpu_counts, off_policy_choices
 from eps_screen.packaged_models import weights_of
+from eps_screen.config import read_config_file
+from eps_screen.config_profiles import profile_line, with_profile
 from eps_screen.plan import make_plan
 from eps_screen.power import Assumptions
 from eps_screen.power import lines as power_lines
@@ -17,6 +19,9 @@ from flows.cli.session import load
 def run(args) -> int:
     config = load(args.config)
     print(f"{args.config}: valid screen '{config.name}' (model {config.model.base}, sources {', '.join(config.sources)})")
+    _, profile, filled = with_profile(read_config_file(args.config))
+    if (line := profile_line(profile, filled)):
+        print(f"  {line}")
     print(f"  weights: {weights_of(config)}")
     plan = make_plan(config)
     for line in plan.lines():
