@@ -26,6 +26,16 @@ PRESETS = preset_summaries(REPO)
 Preset = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
+def _with_preset_help(fn):
+    """The preset's help in the docstring (Prefect reads each argument's help from it), before the flow is made."""
+    fn.__doc__ = fn.__doc__.replace("{presets}", "; ".join(f"{name}: {text}" for name, text in PRESETS.items()))
+    return fn
+
+
+@flow(name="screen", on_running=[record_owner], flow_run_name=run_name, validate_parameters=True,
+      description="A factorial screen from a shipped preset (deployments/configs) or a config file, with overrides. "
+                  + PHASES + JOB_NAMES)
+@_with_preset_help
 def screen_preset(preset: Preset = "tiny", config_path: str = "", name: str = "", store: str = "",
                   overrides: dict[str, Any] = {}):  # never mutated; a dict default gives the form a JSON editor, not a None toggle
     """A screen from a preset.
@@ -52,10 +62,3 @@ def screen_preset(preset: Preset = "tiny", config_path: str = "", name: str = ""
                           f" with {', '.join(sorted(overrides))} changed" if overrides else "")
     return run_screen(config)
 
-
-# The docstring is the form's help (Prefect reads each argument's from it): set before the flow is made.
-screen_preset.__doc__ = screen_preset.__doc__.replace(
-    "{presets}", "; ".join(f"{name}: {summary}" for name, summary in PRESETS.items()))
-screen_preset = flow(name="screen", on_running=[record_owner], flow_run_name=run_name, validate_parameters=True,
-                     description="A factorial screen from a shipped preset (deployments/configs) or a config file, "
-                                 "with overrides. " + PHASES + JOB_NAMES)(screen_preset)

@@ -4,9 +4,9 @@ and the temporary Prefect server (no PREFECT_API_URL) stopped last; running the 
 
 `eps-screen run` (simulated backend) runs on a pseudo-terminal whose Ctrl-C (\\x03) the line discipline turns into
 SIGINT for the foreground process group, as a terminal does. SIGTERM is sent to the whole group, as `timeout` and
-batch schedulers do. A wrapper around the CLI counts every cell computation started and blocks the one after
-BLOCK_AFTER forever, so each signal lands while a cell is in flight and the run cannot finish first: the test waits
-for the store, not for a clock.
+batch schedulers do. The CLI runs through tests/integration/counted_cells.py, which counts every cell computation
+started and holds the 4th of each run forever, so each signal lands while a cell is in flight and the run cannot
+finish first: the test waits for the store, not for a clock.
 """
 
 from __future__ import annotations
@@ -30,24 +30,7 @@ from tests.integration.conftest import ROOT, quiet_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-BLOCKING_CELLS = """
-import os, sys, threading
-import eps_screen.simulate as sim
-_simulate = sim.simulate_cell_answers
-
-def counted(config, cell, *args, **kwargs):  # the pipeline imports this name at call time
-    with open(os.environ["CELL_COUNTER"], "a") as f:
-        f.write(cell.id + "\\n")
-    with open(os.environ["CELL_COUNTER"]) as f:
-        started = len(f.read().split())
-    if started > int(os.environ["BLOCK_AFTER"]):
-        threading.Event().wait()  # in flight until a signal ends the run
-    return _simulate(config, cell, *args, **kwargs)
-
-sim.simulate_cell_answers = counted
-from flows.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+COUNTED_CELLS = Path(__file__).with_name("counted_cells.py")
 LINE = re.compile(r"interrupted: (\d+) cells finished are kept; run the same command to resume")
 
 
@@ -65,13 +48,11 @@ def run_until(tmp_path: Path, finished_cells: int, how: str) -> tuple[int, str, 
     the store; then Ctrl-C (how="int") or SIGTERM to its process group (how="term"). Returns the exit code, what the
     terminal got and the seconds from the signal to the exit; computed-HOW.txt lists the cells it started."""
     store = tmp_path / "store"
-    wrapper = tmp_path / "blocking_cells.py"
-    wrapper.write_text(BLOCKING_CELLS)
     env = quiet_env(tmp_path / "home", CELL_COUNTER=str(tmp_path / f"computed-{how}.txt"), BLOCK_AFTER="3",
                     PYTHONPATH=str(ROOT))
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    proc = subprocess.Popen([sys.executable, str(wrapper), "run", str(ROOT / "deployments/configs/simulated.yaml"),
+    proc = subprocess.Popen([sys.executable, str(COUNTED_CELLS), "run", str(ROOT / "deployments/configs/simulated.yaml"),
                              "--store", str(store)], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT,
                             preexec_fn=_controlling_terminal)
     os.close(slave)

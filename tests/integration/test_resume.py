@@ -5,8 +5,8 @@ with SIGKILL once phase 2 is under way; `eps-screen status` then shows the run a
 interrupted, and `eps-screen retry` finishes the screen. Every cell's finished marker (metrics.json, written
 atomically, a new inode per write) is written exactly once: none of the cells finished before the kill is
 rewritten, so the cells trained equal the cells. The simulated cells are slowed to 0.2 s each by a wrapper
-around the CLI (below) so that the kill lands in phase 2 on any machine; the wrapper also counts every cell
-computation started.
+around the CLI (tests/integration/counted_cells.py) so that the kill lands in phase 2 on any machine; the wrapper
+also counts every cell computation started.
 """
 
 from __future__ import annotations
@@ -32,21 +32,7 @@ from tests.integration.servers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-SLOW_CELLS = """
-import os, sys, time
-import eps_screen.simulate as sim
-_simulate = sim.simulate_cell_answers
-
-def slow(config, cell, *args, **kwargs):  # the pipeline imports this name at call time
-    with open(os.environ["CELL_COUNTER"], "a") as f:
-        f.write(cell.id + "\\n")
-    time.sleep(float(os.environ["SLOW_CELL_S"]))
-    return _simulate(config, cell, *args, **kwargs)
-
-sim.simulate_cell_answers = slow
-from flows.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+COUNTED_CELLS = Path(__file__).with_name("counted_cells.py")  # slowed by SLOW_CELL_S, counted
 CELLS = 96 + 18  # three slabs of 32, then the top 3 cells per source at two more seeds
 
 
@@ -60,15 +46,13 @@ def markers(screen_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_killed_screen_resumes_without_recomputing(tmp_path: Path):
-    wrapper = tmp_path / "slow_cells.py"
-    wrapper.write_text(SLOW_CELLS)
     store, counter = tmp_path / "store", tmp_path / "computed.txt"
     screen_dir = store / "simulated"
     config = ROOT / "deployments" / "configs" / "simulated.yaml"
     with prefect_server(tmp_path / "server") as (api, server_log):
         env = client_env(tmp_path / "cli", api, CELL_COUNTER=str(counter), SLOW_CELL_S="0.2")
         with open(tmp_path / "run1.log", "wb") as log:
-            first = subprocess.Popen([sys.executable, str(wrapper), "run", str(config), "--store", str(store)], env=env,
+            first = subprocess.Popen([sys.executable, str(COUNTED_CELLS), "run", str(config), "--store", str(store)], env=env,
                                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 deadline = time.time() + 300
@@ -92,7 +76,7 @@ def test_killed_screen_resumes_without_recomputing(tmp_path: Path):
         assert "interrupted" in status.stdout, status.stdout
 
         started = time.time()
-        retry = subprocess.run([sys.executable, str(wrapper), "retry", "simulated", "--store", str(store)], env=env,
+        retry = subprocess.run([sys.executable, str(COUNTED_CELLS), "retry", "simulated", "--store", str(store)], env=env,
                                cwd=ROOT, capture_output=True, text=True, timeout=480)
         retry_s = time.time() - started
         assert retry.returncode == 0, retry.stdout[-3000:] + retry.stderr[-3000:]
