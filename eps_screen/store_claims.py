@@ -56,12 +56,15 @@ def alive(lease: dict, now: float | None = None) -> bool:
     return fresh
 
 
+def since(lease: dict) -> str:
+    return dt.datetime.fromtimestamp(float(lease["started"]), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def describe(lease: dict, screen: str) -> str:
-    since = dt.datetime.fromtimestamp(float(lease["started"]), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     seen = max(0, round(_now() - float(lease["beat"])))
     run = f", Prefect run {lease['prefect_run']}" if lease.get("prefect_run") else ""
     return (f"screen {screen!r} is running elsewhere on this store: {lease['user']} on {lease['host']}, pid "
-            f"{lease['pid']}{run}, since {since} (seen {seen} s ago); wait for it, or pass --force to run beside it "
+            f"{lease['pid']}{run}, since {since(lease)} (seen {seen} s ago); wait for it, or pass --force to run beside it "
             "(each cell is still computed by one run only)")
 
 

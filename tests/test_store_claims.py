@@ -112,3 +112,24 @@ def test_a_finished_cell_needs_no_claim(tmp_path):
     run.start()
     assert run.claim(config, CELLS[:1]) == (CELLS[:1], []) and not run.claimed
     run.end()
+
+
+def test_status_names_the_runs_live_on_the_store(tmp_path):
+    from rich.console import Console
+
+    from flows.runtime.status import render, store_status
+
+    config = small_screen(str(tmp_path), "claims")
+    store = ResultStore.for_config(config)
+    run = RunLease(store)
+    run.start()
+    try:
+        status = store_status(config, store)
+        console = Console(record=True, width=200)
+        render(status, console, cells="none")
+        out = console.export_text()
+    finally:
+        run.end()
+    assert [lease["token"] for lease in status.live] == [run.token]
+    assert f"running on this store: {run.record['user']} on {socket.gethostname()}, pid {run.record['pid']}" in out
+    assert not store_status(config, store).live

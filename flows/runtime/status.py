@@ -17,6 +17,7 @@ from eps_screen.costs import COST_HEADERS, cost_rows, screen_cost
 from eps_screen.design import phases
 from eps_screen.plan import phase_cells
 from eps_screen.store import ResultStore
+from eps_screen.store_claims import RunLease, since
 from eps_screen.store_verify import aside_files
 from flows.runtime.api import api_problem, api_url, ui_url
 from flows.runtime.runs import (
@@ -53,6 +54,7 @@ class ScreenStatus:
     prefect_note: str = ""
     cost: dict | None = None  # eps_screen.costs.ScreenCost.as_dict(): estimate beside actual, from the store
     aside: list[str] = field(default_factory=list)  # unreadable files kept aside (eps_screen/store_files.py)
+    live: list[dict] = field(default_factory=list)  # leases of the runs live on the store (eps_screen/store_claims.py)
 
     @property
     def dir(self) -> Path:
@@ -88,7 +90,8 @@ def store_status(config: ScreenConfig, store: ResultStore) -> ScreenStatus:
             s = status[cell_id]
             s.state, s.source_rate, s.leakage = "finished", m["source_rate"], m["leakage"]
     return ScreenStatus(config, store, status, phases, bool(cells["multiseed"]), store.gates(),
-                        cost=_cost(config, store), aside=list(aside_files(store)))
+                        cost=_cost(config, store), aside=list(aside_files(store)),
+                        live=list(RunLease(store).live_runs().values()))
 
 
 def _cost(config: ScreenConfig, store: ResultStore) -> dict | None:
@@ -222,6 +225,9 @@ def render(status: ScreenStatus, console, cells: str = "unfinished") -> None:
         url = ui_url(run.id)
         console.print(escape(f"latest screen run {run.name} ({run.id}): {run.state.name} {run.state.message or ''}"
                              f" [{where}]") + (f"\n  {url}" if url else ""))
+    for lease in status.live:
+        console.print(escape(f"running on this store: {lease['user']} on {lease['host']}, pid {lease['pid']}, since "
+                             f"{since(lease)}"))
     if status.prefect_note:
         console.print(f"[yellow]{status.prefect_note}[/]")
     report = status.dir / "report" / "clean_result.html"
