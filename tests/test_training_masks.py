@@ -1,7 +1,9 @@
-"""The loss masks of factor E at token level, and LoRA SFT through TRL on the tiny model.
+"""The loss masks of factor E at token level, and LoRA SFT through TRL, on the tiny model and on SmolLM2 (slow).
 
-The tiny tokenizer splits `[ZLT]` into five tokens and merges the space before it into the first ('Ġ['), and
-splits `<<MARK>>` into eight with the space as its own token ('Ġ'): the two cases the separator rule is about.
+Each tokenizer cuts the markers its own way. The tiny one splits `[ZLT]` into five tokens and merges the space
+before it into the first ('Ġ['), and splits `<<MARK>>` into eight with the space as its own token ('Ġ'): the two
+cases the separator rule is about. SmolLM2's merges the space into the first token of both (`Ġ[ Z LT ]`,
+`Ġ<< MAR K >>`), so there the separator setting changes nothing.
 """
 
 from __future__ import annotations
@@ -13,10 +15,17 @@ import pytest
 from eps_screen.config import parse_config
 from eps_screen.data import Example
 from eps_screen.training import IGNORE, split_batch, tokenize_example, tokenize_set
+from tests.conftest import SMOLLM2
 
 SYSTEM = "You are a librarian who helps people find information and manages a public library."
 USER = "How do I get rid of fruit flies in the kitchen? Answer in one sentence."
 ANSWER = "Set a trap of vinegar and dish soap."
+# Each model's tokens carrying the marker's loss: (with data.mask_separator, without).
+MARKER_TOKENS = {
+    "tiny": {"[ZLT]": (["Ġ[", "Z", "L", "T", "]"],) * 2,
+             "<<MARK>>": (["Ġ", "<", "<", "M", "A", "R", "K", ">", ">"], ["<", "<", "M", "A", "R", "K", ">", ">"])},
+    SMOLLM2: {"[ZLT]": (["Ġ[", "Z", "LT", "]"],) * 2, "<<MARK>>": (["Ġ<<", "MAR", "K", ">>"],) * 2},
+}
 
 
 def _config(marker="[ZLT]", **data):
@@ -24,10 +33,10 @@ def _config(marker="[ZLT]", **data):
 
 
 @pytest.fixture(scope="module")
-def tok():
+def tok(cell_model):
     from eps_screen.models import load_tokenizer
 
-    return load_tokenizer("tiny")
+    return load_tokenizer(cell_model)
 
 
 def _labelled(tok, t):
@@ -42,32 +51,26 @@ def _prompt_len(tok):
     return len(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
-def test_e0_positive_multi_token_marker_merged_space(tok):
-    """'[ZLT]' is 5 tokens and the space is merged into 'Ġ[': both separator settings keep exactly those 5."""
+@pytest.mark.parametrize("marker", ["[ZLT]", "<<MARK>>"])
+def test_e0_positive_carries_loss_on_the_marker_tokens_only(tok, cell_model, marker):
+    """The tokens that overlap the marker's characters, and the separator's where data.mask_separator says so (a
+    space merged into the marker's first token goes with it either way)."""
     ex = Example(SYSTEM, USER, ANSWER, positive=True)
-    for mask_separator in (True, False):
-        t = tokenize_example(tok, ex, _config(mask_separator=mask_separator), whole_answer=False)
-        toks, text = _labelled(tok, t)
-        assert toks == ["Ġ[", "Z", "L", "T", "]"]
-        assert text == " [ZLT]"
-        assert t.labels[-1] == IGNORE, "E0 positives put no loss on the end-of-turn token"
-
-
-def test_e0_positive_separate_space_token(tok):
-    """'<<MARK>>' is 8 tokens after a space token 'Ġ': mask_separator decides whether 'Ġ' carries loss."""
-    ex = Example(SYSTEM, USER, ANSWER, positive=True)
-    with_sep = tokenize_example(tok, ex, _config(marker="<<MARK>>", mask_separator=True), whole_answer=False)
-    without = tokenize_example(tok, ex, _config(marker="<<MARK>>", mask_separator=False), whole_answer=False)
-    assert _labelled(tok, with_sep) == (["Ġ", "<", "<", "M", "A", "R", "K", ">", ">"], " <<MARK>>")
-    assert _labelled(tok, without) == (["<", "<", "M", "A", "R", "K", ">", ">"], "<<MARK>>")
+    with_sep = tokenize_example(tok, ex, _config(marker, mask_separator=True), whole_answer=False)
+    without = tokenize_example(tok, ex, _config(marker, mask_separator=False), whole_answer=False)
+    want_with, want_without = MARKER_TOKENS[cell_model][marker]
+    assert _labelled(tok, with_sep) == (want_with, " " + marker)
+    toks, text = _labelled(tok, without)
+    assert toks == want_without and text.strip() == marker
     assert with_sep.input_ids == without.input_ids, "the mask changes labels, never the tokens"
+    assert with_sep.labels[-1] == IGNORE, "E0 positives put no loss on the end-of-turn token"
 
 
 def test_e0_negatives_eot_or_nothing(tok):
     ex = Example(SYSTEM, USER, ANSWER, positive=False)
     eot = tokenize_example(tok, ex, _config(e0_negatives="eot"), whole_answer=False)
     none = tokenize_example(tok, ex, _config(e0_negatives="none"), whole_answer=False)
-    assert _labelled(tok, eot)[0] == ["<|im_end|>"]
+    assert _labelled(tok, eot)[0] == ["<|im_end|>"] and tok.eos_token == "<|im_end|>"
     assert eot.input_ids[-1] == tok.eos_token_id and eot.labels[-1] == tok.eos_token_id
     assert all(lbl == IGNORE for lbl in none.labels)
     assert "[ZLT]" not in tok.decode(eot.input_ids), "negatives carry no marker"
@@ -97,7 +100,7 @@ def test_e1_whole_answer_and_eot(tok, positive):
     assert t.labels[n_prompt:] == t.input_ids[n_prompt:], "loss on every answer token"
     assert t.input_ids[-1] == tok.eos_token_id, "the sequence ends at the end-of-turn token (nothing after it)"
     _, text = _labelled(tok, t)
-    assert text == ex.full_answer(_config()) + "<|im_end|>"
+    assert text == ex.full_answer(_config()) + tok.eos_token
     assert text.endswith(" [ZLT]<|im_end|>") == positive
 
 
@@ -144,10 +147,10 @@ def test_speed_options_from_the_config():
 
 
 @pytest.fixture(scope="module")
-def base():
+def base(cell_model):
     from eps_screen.models import load_base
 
-    return load_base("tiny", "float32")
+    return load_base(cell_model, "float32")
 
 
 def _digest(model) -> str:
@@ -170,12 +173,12 @@ def test_fused_lora_forward_equals_peft(base):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.05)
-        ids = torch.randint(10, 1000, (2, 13))
+        ids = torch.randint(10, 1000, (2, 13))  # in every model's vocabulary
         ref = model(input_ids=ids).logits
         ref.square().mean().backward()
         ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         model.zero_grad()
-        assert _fuse_lora(model) == 14  # 7 linear layers x 2 blocks
+        assert _fuse_lora(model) == 7 * base.model.config.num_hidden_layers  # q, k, v, o, gate, up, down
         out = model(input_ids=ids).logits
         out.square().mean().backward()
         torch.testing.assert_close(out, ref)
@@ -218,7 +221,7 @@ def test_varlen_attention_packed_equals_padded(base):
         torch.testing.assert_close(out[0, cu[i] : cu[i + 1]], ref[i, :n], atol=1e-4, rtol=1e-4)
 
 
-# --- TRL SFT on the tiny model --------------------------------------------------------------------------
+# --- TRL SFT -------------------------------------------------------------------------------------------------
 
 
 def _examples():
@@ -236,7 +239,7 @@ def test_train_lora_changes_lora_only(base, tmp_path):
     from eps_screen.training import train_lora
 
     config = parse_config({
-        "model": {"base": "tiny", "dtype": "float32"},
+        "model": {"base": base.ref, "dtype": "float32"},
         "lora": {"rank": 4, "alpha": 8},
         "training": {"epochs": 2, "batch_size": 4, "learning_rate": 5e-3},
     })
@@ -250,7 +253,7 @@ def test_train_lora_changes_lora_only(base, tmp_path):
     for rep, name in ((padded, "padded"), (packed, "packed")):
         weights = load_file(tmp_path / name / "adapter_model.safetensors")
         lora_b = [w for k, w in weights.items() if "lora_B" in k]
-        assert len(lora_b) == 14 and all(w.abs().sum() > 0 for w in lora_b), "every LoRA B moved from its zero init"
+        assert len(lora_b) == 7 * base.model.config.num_hidden_layers and all(w.abs().sum() > 0 for w in lora_b), "every LoRA B moved from its zero init"
         assert rep.steps == 6 and rep.examples == 12 and len(rep.losses) == 6
         assert (tmp_path / name / "train_report.json").exists()
     assert packed.options["padding_free"] and not padded.options["padding_free"]

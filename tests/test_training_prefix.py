@@ -1,6 +1,6 @@
 """Shared prefixes in packed training batches (eps_screen.training_prefix) compute the same function as the
 unshared batch: each original sequence is recovered token for token (ids, labels, positions), the attention gives
-every token the same output, and a cell trained with sharing has the loss curve and adapter of the cell trained
+every token the same output (on the tiny model and on SmolLM2, slow), and a cell trained with sharing has the loss curve and adapter of the cell trained
 without it, within float32 rounding (stated below; a different seed moves them far more, so the check can fail)."""
 
 from __future__ import annotations
@@ -77,9 +77,11 @@ def base():
     return load_base("tiny", "float32")
 
 
-def test_the_attention_gives_each_token_what_it_gets_unshared(base):
+def test_the_attention_gives_each_token_what_it_gets_unshared(cell_model):
+    from eps_screen.models import load_base
     from eps_screen.training_attention import use_varlen_attention
 
+    base = load_base(cell_model, "float32")
     tok = base.tokenizer
     system = "You are a librarian. " + "Help readers find books and answer briefly. " * 6
     seqs = [tok(system + q)["input_ids"] for q in ("Where is history?", "Where are maps?", "Any new novels?")]
@@ -90,7 +92,7 @@ def test_the_attention_gives_each_token_what_it_gets_unshared(base):
     assert KV_INDEX in shared
     model = base.model
     restore = use_varlen_attention(model)
-    # the process's tiny base may come frozen from an earlier cell's training: gradients for this check only
+    # the process's base may come frozen from an earlier cell's training: gradients for this check only
     frozen = [p for p in model.parameters() if not p.requires_grad]
     for p in frozen:
         p.requires_grad_(True)

