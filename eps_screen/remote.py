@@ -124,7 +124,8 @@ class Remote:
 
     def _temporary(self, rel: str) -> str:
         head, _, name = rel.rpartition("/")
-        return self._path(f"{head}/.{name}.put-{os.urandom(6).hex()}" if head else f".{name}.put-{os.urandom(6).hex()}")
+        tmp = f".{name}.put-{os.urandom(6).hex()}"  # hidden: listings of finished work skip it
+        return self._path(f"{head}/{tmp}" if head else tmp)
 
     def put_tree(self, local_dir: Path, rel: str, skip: tuple[str, ...] = ()) -> None:
         """Every file under local_dir except hidden (temporary) ones and the names in `skip`."""
