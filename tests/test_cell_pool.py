@@ -138,6 +138,32 @@ def test_a_finished_screen_lets_its_workers_exit_and_leaves_no_semaphore(tmp_pat
     assert len(names) == 2 and not [n for n in names if Path(f"/dev/shm/sem.{n.lstrip('/')}").exists()], names
 
 
+def test_a_ctrl_c_at_the_terminal_is_the_screens_to_handle_not_its_workers(tmp_path, work_dir):
+    """Ctrl-C reaches the terminal's whole process group: a worker ignores SIGINT (no KeyboardInterrupt traceback
+    of its own), and the screen, which gets it too, stops the worker and its cell in flight."""
+    config = _config(tmp_path)
+    cell = design.slab_cells(config, config.sources[0])[0]
+    pool = CellPool(config, 1, pool_work.slow)
+    outcomes = []
+
+    def run():
+        try:
+            outcomes.append(pool.run(cell))
+        except BaseException as exc:  # noqa: BLE001 - what the cell's task run would see
+            outcomes.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    pid = held_by(work_dir, 1)[cell.id]
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    ignored = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+    assert ignored & (1 << (signal.SIGINT - 1)), "a cell worker would die of the terminal's Ctrl-C"
+    os.kill(pid, signal.SIGINT)
+    assert pool.stop(KeyboardInterrupt()) == [cell.id]
+    thread.join(timeout=30)
+    assert isinstance(outcomes[0], CellProcessDied) and not _alive(pid)
+
+
 @flow(name="pool-crash")
 def crashing_screen(config: ScreenConfig, folder: str) -> None:
     store = ResultStore.for_config(config)
