@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+
+# marker_policy: a test that trains must be marked slow, one that starts a server integration (enforced as it runs).
+pytest_plugins = ["pytester", "marker_policy"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "deployments" / "configs"
@@ -18,9 +22,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect server for in-process flow runs (starting one costs 6-11 s: once per session)."""
+    from marker_policy import SERVE, allowed
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with ExitStack() as stack:
+        with allowed(SERVE):  # the one server the fast tier's flows need
+            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         yield
 
 

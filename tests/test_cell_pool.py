@@ -28,7 +28,7 @@ from eps_screen.cell_pool import CellPool, CellProcessDied, open_cell_pool
 from tasks.cells import cell_task
 from tests import pool_work
 
-pytestmark = [pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 ROOT = Path(__file__).resolve().parents[1]
 
 

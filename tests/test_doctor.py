@@ -217,6 +217,7 @@ def test_runpod_key_missing(tmp_path, capsys, api, monkeypatch):
                                     "RUNPOD_API_KEY is not set here (the worker's environment needs it)")
 
 
+@pytest.mark.integration  # the fake RunPod API serves on 127.0.0.1
 def test_runpod_secret_block_missing_then_present(tmp_path, capsys, api, fake_runpod):
     from prefect.blocks.system import Secret
 
@@ -233,6 +234,7 @@ def test_runpod_secret_block_missing_then_present(tmp_path, capsys, api, fake_ru
     assert code == 1 and lines["store"].startswith("FAIL store:") and "RunPod pods" in lines["store"]
 
 
+@pytest.mark.integration  # the fake RunPod API serves on 127.0.0.1
 def test_runpod_key_rejected_by_runpod_is_one_line_naming_the_account(tmp_path, capsys, api, monkeypatch,
                                                                        fake_runpod):
     monkeypatch.setenv("RUNPOD_API_KEY", "rpa_revoked_0123456789")

@@ -17,12 +17,13 @@ from eps_screen.generation.backends import make_generator
 from eps_screen.generation.engine_process import ProcessGenerator
 from tests.conftest import ROOT, tiny_config
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [Prompt("You are a librarian.", "How do I store fresh herbs?"),
            Prompt(None, "Why is the sky blue? Answer in one sentence."),
            Prompt("You are a surgeon.", "What should I pack for a weekend trip?")]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", [
     "transformers",
     pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")),

@@ -101,7 +101,8 @@ def test_second_model_answers_through_regime_answers(tmp_path):
 
 @pytest.mark.parametrize("backend", [
     "transformers",
-    pytest.param("vllm", marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")),
+    pytest.param("vllm", marks=[pytest.mark.slow,
+                                pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")]),
 ])
 def test_a_jobs_answer_sets_take_one_engine_call_per_model(tmp_path, monkeypatch, backend):
     """pipeline.answer_sets, as a GPU job makes its sets: the base model's sets in one engine call, then the
