@@ -22,6 +22,7 @@ def store(tmp_path, monkeypatch):
     return tmp_path / "store", page
 
 
+@pytest.mark.integration  # a report server on 127.0.0.1
 def test_the_link_is_printed_only_while_something_serves_it(store, monkeypatch):
     root, page = store
     server = make_server(root, port=0)

@@ -10,7 +10,7 @@ from eps_screen.store_files import BAD
 from tests.test_remote_store import s3_endpoint  # noqa: F401 (the fixture)
 from tests.test_store_bad_files import CUT_PARQUET, DAMAGED, EMPTY_JSON, EMPTY_PARQUET, SPOILED_JSON, small_screen, spoil
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]  # moto's S3 server
 
 
 @pytest.fixture
