@@ -117,8 +117,10 @@ def test_the_attention_gives_each_token_what_it_gets_unshared(cell_model):
     (lp_a, g_a), (lp_b, g_b) = grads
     assert sorted(lp_a.tolist()) == pytest.approx(sorted(lp_b.tolist()), rel=1e-5, abs=1e-5)
     assert g_a.keys() == g_b.keys()
+    # Per tensor, relative to its norm: float32 sums in another order through 30 layers (SmolLM2) put 1.7e-6 on the
+    # worst tensor (2 layers, the tiny model: 4e-7), while a token that saw another key would move it by O(1).
     for name in g_a:
-        assert torch.allclose(g_a[name], g_b[name], rtol=1e-4, atol=1e-6), name
+        assert float((g_a[name] - g_b[name]).norm() / g_a[name].norm().clamp(min=1e-30)) < 1e-5, name
 
 
 def _config(share: bool, **training):
