@@ -208,7 +208,7 @@ def lines(config: ScreenConfig, a: Assumptions) -> list[str]:
     for kind in dict.fromkeys(x.kind for x in found):
         mine = [x for x in found if x.kind == kind]
         label = (f"main effects{''.join(f', {t}' for t in pre)} (alpha {mine[0].alpha:.2g})" if kind != "exploratory"
-                 else f"the other interactions (Holm: alpha {mine[0].alpha:.2g})")
+                 else f"{'the other ' if pre else ''}interactions (Holm: alpha {mine[0].alpha:.2g})")
         for r in RESPONSES:
             pooled = next(x for x in mine if x.response == r and x.source == "pooled")
             per = [x for x in mine if x.response == r and x.source != "pooled"]
