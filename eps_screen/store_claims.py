@@ -3,8 +3,8 @@
 A run of a screen writes `<screen>/runs/<token>.json` (its lease: who, on which host, which process, since when, and
 a heartbeat renewed every BEAT_S seconds) and deletes it when it ends. A second run that finds a live lease stops
 with one line naming it, unless told to run beside it (`--force`). Before a run computes a cell it claims it,
-`<screen>/claims/<cell id>/<key>/<token>.json`; a cell another live run has claimed is waited on (it is read from
-the store once that run has finished it) instead of computed again. A run's death releases all it held: a lease
+`<screen>/claims/<cell id>/<key>/<token>.json` (the pre-screen: `claims/pre-screen/-/`); a cell another live run
+has claimed is waited on (it is read from the store once that run has finished it) instead of computed again. A run's death releases all it held: a lease
 whose process is gone (its own host) or whose heartbeat is older than TTL_S (any host: a URL store's runs are on
 machines whose processes cannot be asked) is dead, and so are its claims.
 
@@ -24,7 +24,8 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from eps_screen.store import ResultStore, cell_key
 from eps_screen.store_files import write_json
@@ -177,34 +178,64 @@ class RunLease:
         self.claimed.clear()
         self.files.delete(self.path)
 
-    # --- cells ---------------------------------------------------------------------------------------------------
+    # --- cells, and other work held the same way ----------------------------------------------------------------
+    def _folder(self, config, cell) -> str:
+        return f"claims/{cell.id}/{cell_key(config, cell)}"
+
     def _claim_path(self, config, cell) -> str:
-        return f"claims/{cell.id}/{cell_key(config, cell)}/{self.token}.json"
+        return f"{self._folder(config, cell)}/{self.token}.json"
 
     def claim(self, config, cells: list) -> tuple[list, list]:
         """(cells this run may compute: finished ones and those it now holds, cells another live run holds)."""
-        todo = [c for c in cells if not self.store.is_finished(config, c)]
-        mine, theirs = [c for c in cells if c not in todo], []
+        return self._claim(cells, lambda c: self._folder(config, c), lambda c: self.store.is_finished(config, c))
+
+    def release(self, config, cells: list) -> None:
+        for cell in cells:
+            self._release(self._claim_path(config, cell))
+
+    def wait(self, config, cells: list, poll_s: float = 2.0) -> list:
+        """Block until each of these cells (held by other runs) is finished, or free because its run died; returns
+        them all, to be claimed again (a finished one is then read from the store)."""
+        return self._wait(cells, lambda c: self._folder(config, c), lambda c: self.store.is_finished(config, c), poll_s)
+
+    @contextmanager
+    def holding(self, name: str, done: Callable[[], bool], poll_s: float = 2.0) -> Iterator[None]:
+        """The block runs while this run alone holds `name`, work that is not a cell (the pre-screen): at once when
+        done(), else once no other live run holds it (after waiting for it to finish or die)."""
+        folder = f"claims/{name}/-"
+        while True:
+            mine, theirs = self._claim([name], lambda _: folder, lambda _: done())
+            if mine:
+                break
+            self._wait(theirs, lambda _: folder, lambda _: done(), poll_s)
+        try:
+            yield
+        finally:
+            self._release(f"{folder}/{self.token}.json")
+
+    def _claim(self, items: list, folder_of: Callable, done: Callable) -> tuple[list, list]:
+        todo = [i for i in items if not done(i)]
+        mine, theirs = [i for i in items if i not in todo], []
         for _ in range(_TRIES):
             if not todo:
                 break
-            for cell in todo:
-                self.files.put(self._claim_path(config, cell), {"token": self.token, "held": False})
+            for item in todo:
+                self.files.put(f"{folder_of(item)}/{self.token}.json", {"token": self.token, "held": False})
             live = self.live_runs()
             claims = self._claims(live)
             contended = []
-            for cell in todo:
-                path = self._claim_path(config, cell)
-                folder = path.rsplit("/", 1)[0] + "/"
-                others = [c for rel, c in claims.items() if rel.startswith(folder) and rel != path
+            for item in todo:
+                folder = folder_of(item)
+                path = f"{folder}/{self.token}.json"
+                others = [c for rel, c in claims.items() if rel.startswith(folder + "/") and rel != path
                           and c.get("token") in live]
                 if not others:
                     self.files.put(path, {"token": self.token, "held": True})
                     self.claimed.add(path)
-                    mine.append(cell)
+                    mine.append(item)
                     continue
                 self.files.delete(path)
-                (theirs if any(c.get("held") for c in others) else contended).append(cell)
+                (theirs if any(c.get("held") for c in others) else contended).append(item)
             todo = contended
             if todo:
                 time.sleep(random.uniform(0.2, 1.5))
@@ -220,25 +251,18 @@ class RunLease:
                 del claims[rel]
         return claims
 
-    def release(self, config, cells: list) -> None:
-        for cell in cells:
-            path = self._claim_path(config, cell)
-            if path in self.claimed:
-                self.files.delete(path)
-                self.claimed.discard(path)
+    def _release(self, path: str) -> None:
+        if path in self.claimed:
+            self.files.delete(path)
+            self.claimed.discard(path)
 
-    def wait(self, config, cells: list, poll_s: float = 2.0, on_wait: Callable[[int], None] | None = None) -> list:
-        """Block until each of these cells (held by other runs) is finished, or free because its run died; returns
-        them all, to be claimed again (a finished one is then read from the store)."""
-        pending = list(cells)
+    def _wait(self, items: list, folder_of: Callable, done: Callable, poll_s: float) -> list:
+        pending = list(items)
         while pending:
-            if on_wait is not None:
-                on_wait(len(pending))
             live = self.live_runs()
-            claims = self._claims(live)
-            held = {rel.rsplit("/", 1)[0] for rel, c in claims.items() if c.get("token") in live and c.get("held")}
-            pending = [c for c in pending if not self.store.is_finished(config, c)
-                       and self._claim_path(config, c).rsplit("/", 1)[0] in held]
+            held = {rel.rsplit("/", 1)[0] for rel, c in self._claims(live).items()
+                    if c.get("token") in live and c.get("held")}
+            pending = [i for i in pending if not done(i) and folder_of(i) in held]
             if pending:
                 time.sleep(poll_s)
-        return list(cells)
+        return list(items)

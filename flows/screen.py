@@ -12,6 +12,7 @@ are flows on a `ScreenRun`, so Prefect stores only their own parameters (a store
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import nullcontext
 
 import polars as pl
 from prefect import flow, get_run_logger
@@ -161,10 +162,12 @@ class ScreenRun:
         """The base model on the eval panel under every prompt condition: here in-process; on a GPU pool there
         (a 7B model on the screen's CPU would take days), or read from the store when finished."""
         config, store = self.config, self.store
-        if config.execution.pool == "inprocess":
-            return pre_screen_task(config, store)
-        if pipeline.finished_pre_screen(config, store) is None:
-            self.dispatch([PRE_SCREEN_ID])
+        done = lambda: pipeline.finished_pre_screen(config, store) is not None  # noqa: E731
+        with self.lease.holding(PRE_SCREEN_ID, done) if self.lease else nullcontext():  # one run computes it
+            if config.execution.pool == "inprocess":
+                return pre_screen_task(config, store)
+            if not done():
+                self.dispatch([PRE_SCREEN_ID])
         pre = pipeline.finished_pre_screen(config, store)
         if pre is None:  # a GPU pool that writes to a store this flow cannot read
             raise Stopped(Failed(message=f"the pre-screen ran but is not in the store {store.location}"))

@@ -133,3 +133,28 @@ def test_status_names_the_runs_live_on_the_store(tmp_path):
     assert [lease["token"] for lease in status.live] == [run.token]
     assert f"running on this store: {run.record['user']} on {socket.gethostname()}, pid {run.record['pid']}" in out
     assert not store_status(config, store).live
+
+
+def test_the_pre_screen_is_computed_by_one_run_and_the_other_waits_for_it(tmp_path):
+    config = small_screen(str(tmp_path), "claims")
+    first, beside = RunLease(ResultStore.for_config(config)), RunLease(ResultStore.for_config(config))
+    first.start()
+    beside.start(force=True)
+    holds, finished, order = threading.Event(), threading.Event(), []
+
+    def compute():
+        with first.holding("pre-screen", finished.is_set):
+            holds.set()
+            order.append("first computes")
+            time.sleep(0.3)
+            finished.set()
+
+    worker = threading.Thread(target=compute)
+    worker.start()
+    holds.wait(10)
+    with beside.holding("pre-screen", finished.is_set, poll_s=0.05):
+        order.append(f"beside goes on, finished: {finished.is_set()}")
+    worker.join()
+    assert order == ["first computes", "beside goes on, finished: True"]
+    beside.end()
+    first.end()

@@ -1,9 +1,9 @@
 """Two runs of one screen started together on one store (issue 43): the second stops with one line naming the first,
 or, told to run beside it (--force), computes no cell the first computes; with and without a shared Prefect API.
 
-Each run is the CLI in a process of its own, as two people sharing a store start it. Every cell a process saves is
-written to a log by a sitecustomize that wraps ResultStore.save_cell in each of them (cell pool workers included),
-so a cell computed by both runs shows twice there."""
+Each run is the CLI in a process of its own, as two people sharing a store start it. Every cell (and the pre-screen) a
+process saves is written to a log by a sitecustomize that wraps ResultStore.save_cell and save_phase in each of them
+(cell pool workers included), so a cell computed by both runs shows twice there."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.integration.conftest import ROOT, quiet_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-CELLS = 36  # small_screen: 2 sources x 16 slab runs + 4 multi-seed cells
+CELLS = 36 + 1  # small_screen: 2 sources x 16 slab runs + 4 multi-seed cells, and the pre-screen
 
 SITE = '''
 import os
@@ -34,6 +34,15 @@ if os.environ.get("EPS_TEST_SAVED"):
         return _save(self, config, cell, answers, metrics)
 
     store.ResultStore.save_cell = save_cell
+    _phase = store.ResultStore.save_phase
+
+    def save_phase(self, name, data, answers=None):
+        if name == "pre_screen":
+            with open(os.environ["EPS_TEST_SAVED"], "a") as log:
+                log.write(f"pre-screen {os.getpid()}\\n")
+        return _phase(self, name, data, answers)
+
+    store.ResultStore.save_phase = save_phase
 '''
 
 
