@@ -1,10 +1,14 @@
 # The two commands of a fresh machine (README): `make screen` and `make test`. Each sets itself up first.
-.PHONY: setup screen test test-rest test-all test-gpu
+.PHONY: setup screen lint test test-rest test-all test-gpu
 setup:
 	@bash scripts/setup
 
 screen: setup
 	.venv/bin/eps-screen run deployments/configs/tiny.yaml
+
+# ruff over the whole tree, with the rules in pyproject.toml.
+lint: setup
+	.venv/bin/ruff check .
 
 # Two pytest workers, one test file each at a time (a file's module fixtures, e.g. a tiny screen, run once).
 # The tiers (docs/contributing.md): `make test` is the fast one, unit tests and flows on the simulated backend;
