@@ -6,7 +6,6 @@ without it, within float32 rounding (stated below; a different seed moves them f
 from __future__ import annotations
 
 import pytest
-import torch
 
 from eps_screen.config import parse_config
 from eps_screen.data import Example

@@ -258,7 +258,7 @@ class _Dispatch:
                 self.outage.failed(exc, "looking for the cells' runs", self.done, 0)
                 await anyio.sleep(self.poll_s)
         self.outage.ok()
-        now, wall = time.monotonic(), dt.datetime.now(dt.timezone.utc)
+        now, wall = time.monotonic(), dt.datetime.now(dt.UTC)
         for run, cells in attached:
             job = Job(cells, attempt=_attempt(run.name), flow_run_id=run.id)
             if run.start_time is not None:  # it has been costing since then

@@ -6,7 +6,7 @@ Without this check a run sent to a pool with no worker sits Late with no message
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from flows.runtime.names import CPU_POOL, LOCAL_GPU_POOL, RUNPOD_POOL
 
@@ -24,7 +24,7 @@ def start_command(pool: str) -> str:
 
 def online_workers(client, pool: str) -> list:
     """Workers of the pool the server calls ONLINE, or whose last heartbeat is within 3 of their intervals."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     def recent(w) -> bool:
         interval = timedelta(seconds=3 * (w.heartbeat_interval_seconds or 30))

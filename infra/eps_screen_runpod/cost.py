@@ -17,7 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
 from uuid import UUID
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class PodCost:
 
 
 def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="seconds")
 
 
 def cost_key(pod_id: str) -> str:

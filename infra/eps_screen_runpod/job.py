@@ -7,7 +7,7 @@ is created or edited, and deployments override them through `job_variables`.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from prefect.settings import get_current_settings
 from prefect.workers.base import BaseJobConfiguration, BaseVariables
@@ -30,10 +30,10 @@ class RunPodAccount(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="A short label for logs and cost reports (never the key).", pattern=_SLUG)
-    api_key_secret_block: Optional[str] = Field(
+    api_key_secret_block: str | None = Field(
         default=None, description="Name of a Prefect Secret block that holds this account's RunPod API key."
     )
-    api_key_env: Optional[str] = Field(
+    api_key_env: str | None = Field(
         default=None,
         description="Name of an environment variable, on the worker's machine, that holds the API key.",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
@@ -68,7 +68,7 @@ async def resolve_api_key(account: RunPodAccount) -> SecretStr:
 class RunPodFields(BaseModel):
     """The fields shared by the job configuration and the pool's variables."""
 
-    image: Optional[str] = Field(
+    image: str | None = Field(
         default=None,
         description="Image with the project installed (infra/README.md), e.g. ghcr.io/org/eps-screen:0.1.0.",
     )
@@ -92,14 +92,14 @@ class RunPodFields(BaseModel):
     container_disk_gb: int = Field(default=50, ge=5, le=2000, description="Container disk (GB).")
     volume_gb: int = Field(default=0, ge=0, le=10000, description="Pod volume (GB), 0 for none.")
     volume_mount_path: str = Field(default="/workspace", description="Where the pod or network volume is mounted.")
-    network_volume_id: Optional[str] = Field(
+    network_volume_id: str | None = Field(
         default=None, description="A RunPod network volume to attach (pins the pod to the volume's data center)."
     )
     max_wall_hours: float = Field(
         default=24.0, gt=0,
         description="A pod older than this is terminated and its run ends Crashed (kill criterion 5).",
     )
-    max_hourly_price: Optional[float] = Field(
+    max_hourly_price: float | None = Field(
         default=None, gt=0,
         description="Skip GPU type / cloud offers whose pod price (USD/hour, all GPUs) is above this.",
     )
@@ -120,7 +120,7 @@ class RunPodFields(BaseModel):
     exit_grace_s: float = Field(
         default=30.0, ge=0, description="After the container exits, how long the flow run has to report a final state."
     )
-    prefect_api_url: Optional[str] = Field(
+    prefect_api_url: str | None = Field(
         default=None,
         description="PREFECT_API_URL as the pod must see it (default: the worker's own). Pods cannot reach 127.0.0.1.",
     )
@@ -153,7 +153,7 @@ class RunPodJobConfiguration(BaseJobConfiguration, RunPodFields):
     PREFECT_API_KEY is kept out of `env` altogether (in a private SecretStr) so no repr or dump can show it.
     """
 
-    _prefect_api_key: Optional[SecretStr] = PrivateAttr(default=None)
+    _prefect_api_key: SecretStr | None = PrivateAttr(default=None)
 
     def prepare_for_flow_run(
         self,
@@ -173,7 +173,7 @@ class RunPodJobConfiguration(BaseJobConfiguration, RunPodFields):
             settings.api.key.get_secret_value() if settings.api.key is not None else None
         )
         self._prefect_api_key = SecretStr(key) if key else None
-        env: dict[str, Optional[str]] = {}
+        env: dict[str, str | None] = {}
         if api_url:
             env["PREFECT_API_URL"] = api_url
         env["PREFECT__FLOW_RUN_ID"] = str(flow_run.id)

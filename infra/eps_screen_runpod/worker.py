@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 from uuid import UUID
 
 import anyio
@@ -71,8 +71,8 @@ class RunPodWorkerResult(BaseWorkerResult):
 class Outcome:
     kind: str  # "final" | "crash" | "cancel"
     message: str
-    flow_run: Optional[FlowRun] = None
-    gate: Optional[kills.KillOutcome] = None  # the kill criterion that decided a crash, when one did
+    flow_run: FlowRun | None = None
+    gate: kills.KillOutcome | None = None  # the kill criterion that decided a crash, when one did
     pod_gone: bool = False  # the pod vanished: no process of it can write to the run any more
 
 
@@ -107,7 +107,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
         self,
         flow_run: FlowRun,
         configuration: RunPodJobConfiguration,
-        task_status: Optional[anyio.abc.TaskStatus[str]] = None,
+        task_status: anyio.abc.TaskStatus[str] | None = None,
     ) -> RunPodWorkerResult:
         logger = self.get_flow_run_logger(flow_run)
         if not configuration.image:
@@ -262,7 +262,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodVariables, RunPodWor
             logger.warning("Could not label flow run %s (%s)", flow_run_id, type(exc).__name__)
 
     async def _fail_for_good(self, flow_run: FlowRun, exc: ProvisioningFailed, logger: Any,
-                             task_status: Optional[anyio.abc.TaskStatus[str]]) -> RunPodWorkerResult:
+                             task_status: anyio.abc.TaskStatus[str] | None) -> RunPodWorkerResult:
         """A job no retry can start: one error line, the run Failed with that line, no traceback, no pod."""
         from prefect.states import Failed
 
