@@ -1,7 +1,7 @@
 """Cells trained together (eps_screen.training_together) give what each gives trained alone through TRL
 (eps_screen.training.train_lora): the same loss at every optimizer step and the same saved adapter.
 
-The tiny model, and SmolLM2 (slow), on the CPU in float32: shared passes change only the order of floating-point sums, so the stated
+The tiny model on the CPU in float32: shared passes change only the order of floating-point sums, so the stated
 tolerance is float32 rounding grown through a few AdamW steps (relative 1e-4 on losses, 1e-3 of the weights' scale
 on adapters), far below what a different batch order, seed, mask or learning rate moves (checked below, so the
 comparison can fail)."""
@@ -58,13 +58,10 @@ def _recorder(way: str, i: int):
 
 
 @pytest.fixture(scope="module")
-def base(cell_model):
+def base():
     from eps_screen.models import load_base
 
-    for steps in STEPS.values():  # a module's runs per model: the other model's steps are not this one's
-        for cell in steps:
-            cell.clear()
-    return load_base(cell_model, "float32")
+    return load_base("tiny", "float32")
 
 
 @pytest.fixture(scope="module")
