@@ -138,23 +138,23 @@ def pytest_configure(config) -> None:
     tinymodel.build = _tiny_build_allowed(tinymodel.build)
 
 
-def _held_to(item) -> set[str]:
-    return {m for m in (TRAIN, SERVE) if item.get_closest_marker(m) is None}
+@contextlib.contextmanager
+def _held_to_markers(item):
+    """The rules of the markers `item` lacks, for its set-up or its call (not teardown: a fixture may stop a server)."""
+    _forbidden.update(m for m in (TRAIN, SERVE) if item.get_closest_marker(m) is None)
+    try:
+        yield
+    finally:
+        _forbidden.clear()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    _forbidden.update(_held_to(item))
-    try:
+    with _held_to_markers(item):
         return (yield)
-    finally:
-        _forbidden.clear()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    _forbidden.update(_held_to(item))
-    try:
+    with _held_to_markers(item):
         return (yield)
-    finally:
-        _forbidden.clear()

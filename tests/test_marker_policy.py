@@ -97,3 +97,23 @@ def test_unmarked(server):
 ])
 def test_server_programs_are_told_from_other_subprocesses(argv, program):
     assert server_program(argv) == program
+
+
+
+def test_a_tiny_models_build_may_train_in_an_unmarked_test_and_nothing_else_may():
+    import torch
+
+    from eps_screen import tinymodel
+    from marker_policy import MarkerPolicyError, _tiny_build_allowed
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def warm_up():
+        (w ** 2).sum().backward()
+        opt.step()
+
+    assert tinymodel.build.__name__ == "tiny_build"  # the policy's wrapper, installed at configure
+    _tiny_build_allowed(warm_up)()
+    with pytest.raises(MarkerPolicyError, match="mark it @pytest.mark.slow"):
+        warm_up()
