@@ -7,7 +7,11 @@ import textwrap
 
 import pytest
 
-from marker_policy import server_program
+from marker_policy import TESTS, server_program
+
+# The inner session loads the policy as tests/conftest.py does, in a process of its own (pytester's in-process runs
+# drop the modules they import, and torch's native ones cannot be imported twice).
+CONFTEST = f"import sys\nsys.path.insert(0, {TESTS!r})\npytest_plugins = ['marker_policy']\n"
 
 CASES = {
     "trains": ("slow", """
@@ -44,7 +48,7 @@ def _body(code: str) -> str:
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_unmarked_test_that_trains_or_serves_fails_and_passes_marked(pytester, case):
     marker, code = CASES[case]
-    pytester.makeconftest("pytest_plugins = ['marker_policy']")
+    pytester.makeconftest(CONFTEST)
     pytester.makepyfile(f"""
 import pytest
 
@@ -58,13 +62,13 @@ def test_marked():
 def test_quiet():
     sum(range(10))
 """)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines([f"*mark it @pytest.mark.{marker}*", "FAILED *::test_unmarked*"])
 
 
 def test_a_module_fixture_is_held_to_the_first_test_it_serves(pytester):
-    pytester.makeconftest("pytest_plugins = ['marker_policy']")
+    pytester.makeconftest(CONFTEST)
     pytester.makepyfile("""
 import pytest
 from http.server import HTTPServer, BaseHTTPRequestHandler
@@ -78,7 +82,7 @@ def server():
 def test_unmarked(server):
     pass
 """)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*mark it @pytest.mark.integration*", "ERROR *::test_unmarked*"])
 
