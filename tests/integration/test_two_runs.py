@@ -2,8 +2,9 @@
 or, told to run beside it (--force), computes no cell the first computes; with and without a shared Prefect API.
 
 Each run is the CLI in a process of its own, as two people sharing a store start it. Every cell (and the pre-screen) a
-process saves is written to a log by a sitecustomize that wraps ResultStore.save_cell and save_phase in each of them
-(cell pool workers included), so a cell computed by both runs shows twice there."""
+process saves is written to a log by a module each imports before the CLI, which wraps ResultStore.save_cell and
+save_phase (the screen runs its cells in that process: execution.max_parallel_cells is 1), so a cell computed by
+both runs shows twice there."""
 
 from __future__ import annotations
 
@@ -54,13 +55,14 @@ def start_two(tmp_path: Path, force: bool, api: str | None = None) -> tuple[list
     path.write_text(yaml.safe_dump(config))
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(SITE)
+    (site / "count_saves.py").write_text(SITE)
     saved = tmp_path / "saved.log"
     procs = []
     for i in range(2):
         extra = {"PREFECT_API_URL": api} if api else {}
         env = quiet_env(tmp_path / f"home{i}", PYTHONPATH=f"{site}:{ROOT}", EPS_TEST_SAVED=str(saved), **extra)
-        procs.append(subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(path), *(["--force"] * force)],
+        cli = "import sys, count_saves; from flows.cli import main; sys.exit(main(sys.argv[1:]))"
+        procs.append(subprocess.Popen([sys.executable, "-c", cli, "run", str(path), *(["--force"] * force)],
                                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for proc in procs:
@@ -95,7 +97,7 @@ def test_two_forced_runs_compute_no_cell_twice(tmp_path, shared_api, request):
         api = PREFECT_API_URL.value()
     runs, saved = start_two(tmp_path, force=True, api=api)
     assert [r.returncode for r in runs] == [0, 0], [_tail(r) for r in runs]
-    assert len(saved) == CELLS, saved
+    assert len(saved) == CELLS, (saved, [_tail(r) for r in runs])
     twice = {cell: n for cell, n in saved.items() if n > 1}
     assert not twice, twice
     assert not list((tmp_path / "store" / "two" / "claims").rglob("*.json"))  # both released every claim
