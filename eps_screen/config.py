@@ -578,6 +578,10 @@ class BackendConfig(_Strict):
         "trl", description="trl = LoRA fine-tuning; simulated = draws from `simulation` (needs generation simulated).")
 
 
+# The most cells one GPU job may hold: a crashed job is resubmitted whole.
+MAX_CELLS_PER_JOB = 64
+
+
 class ExecutionConfig(_Strict):
     """Where and how many cells run at once, and what a GPU hour costs."""
 
@@ -586,13 +590,13 @@ class ExecutionConfig(_Strict):
     )
     max_parallel_cells: int = Field(1, ge=1, le=256, description="Cells in flight at once (on GPU pools: jobs, one GPU each).")
     cells_per_job: int = Field(
-        1, ge=1, le=64,
+        1, ge=1, le=MAX_CELLS_PER_JOB,
         description="GPU pools: cells one job (one flow run, one GPU) runs in a row, loading the base model once;"
                     " fewer when that keeps all max_parallel_cells GPUs busy. A crashed job is resubmitted whole;"
                     " its finished cells return from the store.",
     )
     min_cells_per_job: int = Field(
-        1, ge=1, le=64,
+        1, ge=1, le=MAX_CELLS_PER_JOB,
         description="GPU pools: a job holds at least this many cells where its dispatch has them, though fewer jobs"
                     " than max_parallel_cells then run at once: the small phases (smoke, multi-seed) pay fewer pod"
                     " start-ups for some wall time. `eps-screen validate` prints both.",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from eps_screen import design
-from eps_screen.config import ScreenConfig
+from eps_screen.config import MAX_CELLS_PER_JOB, ScreenConfig
 
 
 def multiseed_count(config: ScreenConfig) -> int:
@@ -82,4 +82,5 @@ def fewest_jobs_cells_per_job(config: ScreenConfig, n_multi: int | None = None,
     finished cells in the store and redoes only the one in flight); with per_job (the default) it loses the job's
     trainings that were not yet evaluated."""
     parallel = config.execution.max_parallel_cells
-    return max(1, max(math.ceil(n / parallel) for n in dispatch_groups(config, n_multi, dispatches)))
+    fewest = max(math.ceil(n / parallel) for n in dispatch_groups(config, n_multi, dispatches))
+    return max(1, min(fewest, MAX_CELLS_PER_JOB))  # never a value the config would refuse
