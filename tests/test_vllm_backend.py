@@ -203,7 +203,8 @@ def test_only_the_base_models_engine_reserves_adapter_slots(monkeypatch):
     config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"}})
     base = vllm_backend.VLLMGenerator("tiny", config)
     off_policy = vllm_backend.VLLMGenerator("tiny", config.with_sets({"model.base": "tiny-alt"}))
-    assert seen[0]["enable_lora"] is True and seen[0]["max_loras"] == 8 and seen[0]["max_lora_rank"] == 32
+    assert config.lora.rank == 8  # the tiny model's size profile (the config sets no rank)
+    assert seen[0]["enable_lora"] is True and seen[0]["max_loras"] == 8 and seen[0]["max_lora_rank"] == 8
     assert seen[1]["enable_lora"] is False and not {"max_loras", "max_lora_rank", "max_cpu_loras"} & set(seen[1])
     assert base._lora("/adapters/a1").lora_int_id == 1 and off_policy._lora(None) is None
     with pytest.raises(ValueError, match="serves no adapters: adapters are trained on model.base"):
