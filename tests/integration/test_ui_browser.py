@@ -601,7 +601,7 @@ def test_a_screen_of_declared_factors_through_use_json_input(stack: Stack):
         paste()
         browser.screenshot(OUT / f"{name}-form.png")
         submitted, _ = submit(browser, stack.api, stack.deployments["screen"]["id"], fill=paste)
-        assert submitted["parameters"] == {"config": config}  # as pasted: no field turned into a JSON string
+        assert submitted["parameters"] == {"config": config, "force": False}  # as pasted: no field turned into a JSON string
         own = finished_screen(stack, submitted["id"], name)
         summary, page = read_summary_and_page(browser, stack, own[f"summary-{name}"], name)
     finally:
