@@ -130,8 +130,9 @@ def apply_pool(client, spec: PoolSpec, gpus: int | None) -> str:
 
 def prefect_deploy(names: list[str]) -> subprocess.CompletedProcess:
     """`prefect --no-prompt deploy` from the repository root for these deployment names."""
-    prefect = str(Path(sys.executable).parent / "prefect")
-    cmd = [prefect, "--no-prompt", "deploy", "--prefect-file", str(PREFECT_FILE.relative_to(REPO))]
+    # `python -m prefect`, not the console script beside the interpreter: where the packages sit on PYTHONPATH
+    # (a GPU image's own Python) there is no such script
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(PREFECT_FILE.relative_to(REPO))]
     for name in names:
         cmd += ["--name", name]
     from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL
