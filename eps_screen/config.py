@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from eps_screen.config_profiles import with_profile
+from eps_screen.config_urls import SECRET_WORDS, is_url, scheme_problem, secret_options
 from eps_screen.prediction_rules import PredictionRule, check_declarations
 from eps_screen.power_config import PowerConfig, check_target
 
@@ -657,8 +658,6 @@ class TrackingConfig(_Strict):
         # Messages never quote the URI: a pasted password must not be echoed to a terminal or a log.
         from urllib.parse import urlsplit
 
-        from eps_screen.remote import SECRET_WORDS
-
         if self.uri is not None:
             parts = urlsplit(self.uri)
             if "@" in parts.netloc or SECRET_WORDS.search(parts.query):
@@ -710,8 +709,6 @@ class ScreenConfig(_Strict):
     @field_validator("store")
     @classmethod
     def _store_usable(cls, store: str) -> str:
-        from eps_screen.remote import is_url, scheme_problem
-
         problem = scheme_problem(store) if is_url(store) else None
         if problem:
             raise ValueError(problem)
@@ -720,8 +717,6 @@ class ScreenConfig(_Strict):
     @field_validator("store_options")
     @classmethod
     def _no_secrets(cls, options: dict[str, Any]) -> dict[str, Any]:
-        from eps_screen.remote import secret_options
-
         secrets = secret_options(options)
         if secrets:
             raise ValueError(

@@ -91,3 +91,8 @@ def model_params(ref: str) -> float | None:
         return float(m.group(1)) * 1e9
     shape = KNOWN.get(ref.lower())
     return shape.params if shape else None
+
+
+def model_vocab(ref: str) -> int | None:
+    """A local model's vocabulary, else None."""
+    return (local_config(ref) or {}).get("vocab_size")

@@ -10,50 +10,14 @@ AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION); the config carries
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
-import re
 from pathlib import Path
 
 import fsspec
-from fsspec.registry import known_implementations
 
 # Object stores: a PUT makes the whole object appear at once (a reader gets the old object or the new one), so a
 # write there is atomic as it is; on any other filesystem a file is written under a temporary name and renamed.
 OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci"}
-
-# Words in an option name that mean a credential: those belong in the environment, never in the config.
-SECRET_WORDS = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
-
-
-def is_url(store: str) -> bool:
-    """A remote store: a URL other than file:// (which is a local directory)."""
-    return "://" in store and not store.startswith("file://")
-
-
-def scheme_problem(url: str) -> str | None:
-    """Why this URL's filesystem cannot be used here (unknown scheme, library not installed), or None."""
-    scheme = url.split("://", 1)[0]
-    impl = known_implementations.get(scheme)
-    if impl is None:
-        return f"unknown URL scheme {scheme + '://'!r}; use a local directory or an fsspec URL such as s3://bucket/prefix"
-    package = impl["class"].split(".", 1)[0]
-    if importlib.util.find_spec(package) is None:
-        return f"{scheme}:// needs the {package} package, which is not installed: pip install {package}"
-    return None
-
-
-def secret_options(options: dict, prefix: str = "") -> list[str]:
-    """Dotted names of options (at any depth) that look like credentials."""
-    found = []
-    for name, value in options.items():
-        path = f"{prefix}{name}"
-        if SECRET_WORDS.search(str(name)):
-            found.append(path)
-        elif isinstance(value, dict):
-            found += secret_options(value, f"{path}.")
-    return found
-
 
 def default_cache(url: str) -> Path:
     """Where a URL store is mirrored when the config names no store_cache: one directory per URL."""

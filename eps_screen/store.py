@@ -41,7 +41,8 @@ import eps_screen
 from eps_screen import design
 from eps_screen.config import ScreenConfig, is_tiny, parse_config
 from eps_screen.design import Cell, Regime
-from eps_screen.remote import Remote, default_cache, is_url
+from eps_screen.config_urls import is_url
+from eps_screen.remote import Remote, default_cache
 from eps_screen.store_files import CheckedReads, Unreadable, parse_json, parse_jsonl, write_json, write_parquet, write_text
 from eps_screen.tinymodel import CONTAMINATION_MARKER
 

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eps_screen.remote import Remote, is_url
+from eps_screen.config_urls import is_url
+from eps_screen.remote import Remote
 from eps_screen.store import ResultStore, local_dir
 from eps_screen.store_files import BAD, Unreadable, aside_name, check_file, check_parquet, parse_json, parse_jsonl, set_aside
 

@@ -97,8 +97,8 @@ def test_an_engine_leaves_more_free_beside_it_the_bigger_its_vocabulary(tmp_path
 
     import torch
 
-    from eps_screen.generation.vllm_backend import gpu_memory_share
-    from eps_screen.job.memory import engine_margin_gib, model_vocab
+    from eps_screen.generation.vllm_backend import engine_margin_gib, gpu_memory_share
+    from eps_screen.model_shape import model_vocab
 
     model = tmp_path / "model"
     model.mkdir()

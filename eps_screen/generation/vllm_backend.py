@@ -39,6 +39,7 @@ from contextlib import contextmanager
 
 from eps_screen.generation import GenerationParams, Prompt
 from eps_screen.generation.transformers_backend import chat_messages
+from eps_screen.model_shape import model_vocab
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -62,15 +63,32 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+# Beside a vLLM engine more must stay free than its own budget counts: vLLM 0.26 leaves its CUDA graphs (1.9 GiB at
+# graphs to 1,024) out of it, and at run time the sampler's buffers over the vocabulary (fp32 logits of up to 1,024
+# sequences and their copies) and the libraries' workspaces grow past what its profiling saw. Measured on the H200 with
+# the 7B shape beside its training base (benchmarks/gpu_full_size_bench.py --part b1): at the tiny tokenizer's 2,048
+# words 3 GiB was enough; at Qwen2.5's 152,064 it ran out of memory at the first long prefill
+# (gpu_full_size/b1_fullvocab_oom_margin3.log.gz) and ran with 13.3 GiB (gpu_full_size_b1_fullvocab_h200.json).
+# Between those two points the margin grows with the vocabulary, linearly: not measured in between. The memory plan
+# (eps_screen.job.memory) counts the same margin, so a job it passes leaves the engine this much.
+SMALL_VOCAB_MARGIN_GIB = 3.0
+FULL_VOCAB = 152_064
+FULL_VOCAB_EXTRA_GIB = 10.0
+
+
+def engine_margin_gib(vocab: int | None) -> float:
+    """GiB to leave free beside a vLLM engine on a GPU, for a model of this vocabulary (None: unknown, the full
+    Qwen2.5 vocabulary's)."""
+    return SMALL_VOCAB_MARGIN_GIB + FULL_VOCAB_EXTRA_GIB * min(1.0, (vocab or FULL_VOCAB) / FULL_VOCAB)
+
+
 def gpu_memory_share(configured: float | None, vocab: int | None = None) -> float:
     """The engine's gpu_memory_utilization: the configured share, else what is free now less the margin a model of
-    this vocabulary needs beside its engine (job.memory.engine_margin_gib: 3 GiB at 2,048 words, 13 at Qwen2.5's
+    this vocabulary needs beside its engine (engine_margin_gib: 3 GiB at 2,048 words, 13 at Qwen2.5's
     152,064). vLLM refuses to start when the share exceeds what is free, so a fixed 0.85 fails beside a loaded base."""
     if configured is not None:
         return float(configured)
     import torch
-
-    from eps_screen.job.memory import engine_margin_gib
 
     free, total = torch.cuda.mem_get_info()
     share = (free - engine_margin_gib(vocab) * 2**30) / total
@@ -137,8 +155,6 @@ class VLLMGenerator:
         if max_len:
             kwargs["max_model_len"] = int(max_len)
         if gpu:
-            from eps_screen.job.memory import model_vocab
-
             kwargs["gpu_memory_utilization"] = gpu_memory_share(ev.vllm_gpu_memory_utilization, model_vocab(path))
             kwargs["enable_sleep_mode"] = True
             if ev.vllm_max_num_seqs:

@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eps_screen.config import ScreenConfig
+from eps_screen.generation.vllm_backend import engine_margin_gib
 from eps_screen.job.training import most_together, trains_together
-from eps_screen.model_shape import local_config, model_params
+from eps_screen.model_shape import model_params, model_vocab
 from eps_screen.sequence_lengths import sequence_tokens
 
 # GiB of memory of the RunPod GPU types a config may allow (the vendors' figures, as the card reports them).
@@ -52,28 +53,7 @@ ADAPTER_STATE_GIB_R32 = 1.2
 # H200 made an 80 GB card by a ballast process (BENCHMARKS.md, "An 80 GB card"). A card is judged on this figure.
 DEVICE_PER_ALLOCATED = 1.5
 MIN_KV_GIB = 8.0  # below this vLLM decodes too few sequences at once to be worth its start
-MARGIN_GIB = 3.0  # left free beside training, and beside an engine of a small vocabulary (engine_margin_gib)
-# Beside a vLLM engine more must stay free than its own budget counts: vLLM 0.26 leaves its CUDA graphs (1.9 GiB at
-# graphs to 1,024) out of it, and at run time the sampler's buffers over the vocabulary (fp32 logits of up to 1,024
-# sequences and their copies) and the libraries' workspaces grow past what its profiling saw. Measured on the H200 with
-# the 7B shape beside its training base (benchmarks/gpu_full_size_bench.py --part b1): at the tiny tokenizer's 2,048
-# words 3 GiB was enough; at Qwen2.5's 152,064 it ran out of memory at the first long prefill
-# (gpu_full_size/b1_fullvocab_oom_margin3.log.gz) and ran with 13.3 GiB (gpu_full_size_b1_fullvocab_h200.json).
-# Between those two points the margin grows with the vocabulary, linearly: not measured in between.
-FULL_VOCAB = 152_064
-FULL_VOCAB_EXTRA_GIB = 10.0
-
-
-def engine_margin_gib(vocab: int | None) -> float:
-    """GiB to leave free beside a vLLM engine on a GPU, for a model of this vocabulary (None: unknown, the full
-    Qwen2.5 vocabulary's)."""
-    return MARGIN_GIB + FULL_VOCAB_EXTRA_GIB * min(1.0, (vocab or FULL_VOCAB) / FULL_VOCAB)
-
-
-def model_vocab(ref: str) -> int | None:
-    """A local model's vocabulary, else None."""
-    return (local_config(ref) or {}).get("vocab_size")
-
+MARGIN_GIB = 3.0  # left free beside training
 
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from urllib.request import Request, urlopen
 
-from eps_screen.remote import is_url
+from eps_screen.config_urls import is_url
 from eps_screen.report import stores
 
 HOST = "127.0.0.1"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from eps_screen.config import ConfigError, ScreenConfig, load_config
-from eps_screen.remote import is_url
+from eps_screen.config_urls import is_url
 from eps_screen.store import ResultStore
 
 

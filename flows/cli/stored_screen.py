@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eps_screen.config import ConfigError, ScreenConfig
-from eps_screen.remote import is_url
+from eps_screen.config_urls import is_url
 from eps_screen.store import ResultStore, ScreenNotFound, load_screen, local_dir
 from flows.cli.session import NoStore, command_env, existing_store, load
 from flows.runtime.submit import CannotSubmit
