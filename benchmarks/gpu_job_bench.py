@@ -7,7 +7,7 @@ One process, one engine: first the job by stage (answer sets, four trainings wit
 multi-LoRA evaluation of the four adapters), then the same four cells one after another into a second store
 (answer sets again, then train -> evaluate per cell). Reported: engine start (cold or warm compile cache: run it
 twice on one machine), each part's seconds (answers, training, evaluation, scoring, store writes), sleep and wake
-times, generated tokens and tokens/s of each evaluation, peak GPU memory. pipeline.run_job is what the cell flow's
+times, generated tokens and tokens/s of each evaluation, peak GPU memory. pipeline.run_job is what the job flow's
 job task calls; no Prefect server is involved here (tests/gpu/test_gpu_job.py runs it through the flow).
 """
 

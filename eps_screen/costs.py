@@ -124,7 +124,7 @@ def run_cost_record(*, flow_run_id: str, state: str, pool: str, cell_ids: list[s
     """The store's record of one flow run's cost, split among its cells (`split_run`).
 
     `pods` are the worker's published pod records (each with seconds, gpu_count, usd); None prices the run as an
-    estimate from `run_seconds` x `hourly_usd` on one GPU. `summaries` are the cell flow's summaries of the cells
+    estimate from `run_seconds` x `hourly_usd` on one GPU. `summaries` are the job flow's summaries of the cells
     this run completed ({} for a run that did not complete); `keys` each cell's store key (None for the
     pre-screen), so a cell whose recipe changed later is not charged to its new key.
     """

@@ -1,7 +1,7 @@
 """The screen: phases 0-4 of docs/experiment.md, read top to bottom. Gates end the run in a state named "Killed".
 
 Cells run in-process (pool 'inprocess': here, or on the `execution.max_parallel_cells` worker processes of the cell
-pool, eps_screen/cell_pool.py) or as runs of the `cell` deployment on a GPU work pool (flows/runtime/dispatch.py:
+pool, eps_screen/cell_pool.py) or as runs of the `job` deployment on a GPU work pool (flows/runtime/dispatch.py:
 resubmits crashed runs, enforces the spend cap). Either way every finished cell is in the store, so running the
 screen again resumes it; gate decisions read the store, not the runs' return values.
 
@@ -35,7 +35,7 @@ from eps_screen.store_claims import Busy, RunLease
 from flows.aggregate import aggregate, publish
 from eps_screen.cell_pool import CellPool, open_cell_pool
 from flows.runtime.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
-from flows.runtime.names import CELL_DEPLOYMENTS
+from flows.runtime.names import JOB_DEPLOYMENTS
 from flows.runtime.phase_progress import PhaseProgress
 from flows.runtime.runs import record_owner
 from flows.runtime.workers import pool_problem
@@ -50,7 +50,7 @@ PHASES = ("Each phase is a subflow (phase 0: pre-screen, phase 1: smoke, phase 1
 JOB_NAMES = (
     "Cells are named <source>-<factor><level>...-s<seed> (each declared factor's letter and its level, 0 or 1, in "
     "the config's order, then the seed). On a GPU "
-    "pool each `cell` run is a job of cells run in a row, named <first cell>[+<N more cells>]-a<attempt>: "
+    "pool each `job` run is a GPU job, its cells run in a row, named <first cell>[+<N more cells>]-a<attempt>: "
     "librarian-A0B1C0D1E0-s42+7-a1 is that cell and 7 more, resubmitted once (a0 is the first submission); "
     "`pre-screen` is phase 0's base-model sample."
 )
@@ -289,7 +289,7 @@ class ScreenRun:
         return results
 
     def _on_gpu_pool(self, cells: list[Cell]) -> dict[str, dict]:
-        """The cells not yet in the store, in jobs of the `cell` deployment on the config's GPU pool.
+        """The cells not yet in the store, in jobs of the `job` deployment on the config's GPU pool.
 
         Finished cells are read here: a GPU job started only to find its cells finished would cost a pod start-up
         (minutes, billed) for every smoke cell in its slab and for every cell of a resumed screen."""
@@ -308,7 +308,7 @@ class ScreenRun:
         if plan.problems:  # before anything is rented: a job that cannot fit its GPU would crash on it
             raise Stopped(Failed(message="; ".join(plan.problems)))
         try:
-            return dispatch_cells(config, ids, CELL_DEPLOYMENTS[config.execution.pool], budget_usd=spend_limit(plan),
+            return dispatch_cells(config, ids, JOB_DEPLOYMENTS[config.execution.pool], budget_usd=spend_limit(plan),
                                   on_done=on_done)
         except CostOverrun as stop:  # decided and recorded by the spend ledger; the gate task shows it
             _gate(cost_gate(quote(self.store), quote(stop.gate), return_state=True))

@@ -24,14 +24,14 @@ PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 # --- the deployment files ------------------------------------------------------------------------------------------
 def test_prefect_yaml_names_what_the_screen_dispatches_to():
     from flows.runtime.deploy import pool_specs, pools_of_deployments
-    from flows.runtime.names import CELL_DEPLOYMENTS
+    from flows.runtime.names import JOB_DEPLOYMENTS
 
     spec = yaml.safe_load(PREFECT_FILE.read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     flows = {d["name"]: d["entrypoint"] for d in spec["deployments"]}
-    for pool, target in CELL_DEPLOYMENTS.items():  # "cell/cell-local-gpu" on pool local-gpu, ...
+    for pool, target in JOB_DEPLOYMENTS.items():  # "job/job-local-gpu" on pool local-gpu, ...
         flow, name = target.split("/")
-        assert flows[name] == "flows/cell.py:cell" and flow == "cell"
+        assert flows[name] == "flows/job.py:job" and flow == "job"
         assert deployments[name]["work_pool"]["name"] == pool
     assert set(pools_of_deployments().values()) <= set(pool_specs())
     assert deployments["aggregate"]["entrypoint"] == "flows/aggregate.py:aggregate_all"
@@ -40,7 +40,7 @@ def test_prefect_yaml_names_what_the_screen_dispatches_to():
     assert deployments["preset"]["work_pool"]["name"] == "cpu" and flows["preset"] == "flows/preset.py:screen_preset"
     assert deployments["preset"]["enforce_parameter_schema"] and deployments["screen"]["enforce_parameter_schema"]
     assert "pull" not in spec  # local pools: the directory `prefect deploy` runs in; RunPod: /app in the image
-    pull = deployments["cell-runpod"]["pull"][0]["prefect.deployments.steps.set_working_directory"]
+    pull = deployments["job-runpod"]["pull"][0]["prefect.deployments.steps.set_working_directory"]
     assert pull["directory"] == "/app"
 
 
@@ -102,7 +102,7 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
     first = capsys.readouterr().out
     assert "work pool local-gpu: created (type process, concurrency limit 2)" in first
     assert "skip work pool runpod-gpu: worker type 'runpod' is not installed" in first
-    assert "skip deployment cell-runpod: its pool runpod-gpu does not exist" in first
+    assert "skip deployment job-runpod: its pool runpod-gpu does not exist" in first
     assert main(["deploy", "--gpus", "2", "--aggregate-cron", "*/5 * * * *"]) == 0
     second = capsys.readouterr().out
     assert "work pool local-gpu: updated" in second and "deployment aggregate -> pool cpu" in second
@@ -110,7 +110,7 @@ def test_deploy_twice_is_idempotent_and_skips_pools_of_missing_worker_types(caps
         dep = client.read_deployment_by_name("aggregate-all/aggregate")
         assert [s.schedule.cron for s in client.read_deployment_schedules(dep.id)] == ["*/5 * * * *"]
         assert client.read_work_pool("local-gpu").concurrency_limit == 2
-        for name in ("screen/screen", "screen/preset", "cell/cell-local-gpu"):  # the preset resolves its path here
+        for name in ("screen/screen", "screen/preset", "job/job-local-gpu"):  # the preset resolves its path here
             assert client.read_deployment_by_name(name).pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
         drop_pools(client)

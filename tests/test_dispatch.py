@@ -55,12 +55,12 @@ from flows.runtime.dispatch import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.timeout(120)
-DEPLOYMENT = "cell/dispatch-unit"
+DEPLOYMENT = "job/dispatch-unit"
 STORE = tempfile.mkdtemp(prefix="dispatch-unit-store-")  # where dispatch records kill criteria 5 and 6
 
 
-@flow(name="cell")
-def cell(config: dict, cell_ids: list[str]) -> dict:  # never executed here: the Executor plays it
+@flow(name="job")
+def job(config: dict, cell_ids: list[str]) -> dict:  # never executed here: the Executor plays it
     return {c: {"cell_id": c} for c in cell_ids}
 
 
@@ -82,8 +82,8 @@ def harness(prefect_harness):
 
 async def make_deployment():
     async with get_client() as client:
-        flow_id = await client.create_flow_from_name("cell")
-        return await client.create_deployment(flow_id=flow_id, name="dispatch-unit", entrypoint="x.py:cell")
+        flow_id = await client.create_flow_from_name("job")
+        return await client.create_deployment(flow_id=flow_id, name="dispatch-unit", entrypoint="x.py:job")
 
 
 def screen_config(**execution) -> ScreenConfig:

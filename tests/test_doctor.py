@@ -17,7 +17,7 @@ from tests.fakes.fixtures import TEST_KEY, fake_runpod_fixture  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-CHECKS = ["config", "weights", "store", "prefect api", "work pool", "workers", "cell deployment", "credentials", "cpu pool",
+CHECKS = ["config", "weights", "store", "prefect api", "work pool", "workers", "job deployment", "credentials", "cpu pool",
           "cpu workers", "screen deployment", "preset deployment", "aggregate deployment"]
 LINE = re.compile(rf"^(ok  |FAIL|skip) ({'|'.join(CHECKS)}): \S")
 UI = CHECKS[8:]
@@ -66,7 +66,7 @@ def make_pool(client, name: str, type_: str = "process", **defaults) -> None:
     client.create_work_pool(WorkPoolCreate(name=name, type=type_, base_job_template=template))
 
 
-def make_deployment(client, pool: str, name: str, flow: str = "cell") -> None:
+def make_deployment(client, pool: str, name: str, flow: str = "job") -> None:
     flow_id = client.create_flow_from_name(flow)
     client.create_deployment(flow_id=flow_id, name=name, work_pool_name=pool, entrypoint=f"flows/{flow}.py:{flow}")
 
@@ -85,7 +85,7 @@ def test_all_checks_pass_for_a_ready_local_gpu_pool(tmp_path, capsys, api):
     ui_ready(api)
     make_pool(api, "local-gpu")
     api.send_worker_heartbeat("local-gpu", "gpu-0", heartbeat_interval_seconds=30)
-    make_deployment(api, "local-gpu", "cell-local-gpu")
+    make_deployment(api, "local-gpu", "job-local-gpu")
     code, lines = doctor(capsys, write_config(tmp_path))
     assert code == 0, lines
     assert "1 online: gpu-0" in lines["workers"]
@@ -180,7 +180,7 @@ def test_pool_missing(tmp_path, capsys, api):
     code, lines = doctor(capsys, write_config(tmp_path))
     assert code == 1
     assert lines["work pool"] == "FAIL work pool: work pool 'local-gpu' does not exist: run `eps-screen deploy`"
-    assert lines["cell deployment"].startswith("FAIL cell deployment: deployment 'cell/cell-local-gpu' does not exist")
+    assert lines["job deployment"].startswith("FAIL job deployment: deployment 'job/job-local-gpu' does not exist")
 
 
 def test_pool_of_the_wrong_type(tmp_path, capsys, api):
@@ -191,11 +191,11 @@ def test_pool_of_the_wrong_type(tmp_path, capsys, api):
 
 def test_no_worker_online(tmp_path, capsys, api):
     make_pool(api, "local-gpu")
-    make_deployment(api, "local-gpu", "cell-local-gpu")
+    make_deployment(api, "local-gpu", "job-local-gpu")
     code, lines = doctor(capsys, write_config(tmp_path))
     assert code == 1
     assert lines["workers"].startswith("FAIL workers: no worker online for pool 'local-gpu': start one")
-    assert lines["cell deployment"].startswith("ok")
+    assert lines["job deployment"].startswith("ok")
 
 
 def runpod_ready(client, **defaults) -> None:
@@ -205,7 +205,7 @@ def runpod_ready(client, **defaults) -> None:
         pytest.skip("the runpod worker type is not installed")
     make_pool(client, "runpod-gpu", "runpod", **defaults)
     client.send_worker_heartbeat("runpod-gpu", "runpod-1", heartbeat_interval_seconds=30)
-    make_deployment(client, "runpod-gpu", "cell-runpod")
+    make_deployment(client, "runpod-gpu", "job-runpod")
 
 
 def test_runpod_key_missing(tmp_path, capsys, api, monkeypatch):

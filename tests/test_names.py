@@ -39,5 +39,5 @@ def test_each_gpu_pool_of_the_config_has_its_cell_deployment():
     from eps_screen.config import ExecutionConfig
 
     pools = set(ExecutionConfig.model_fields["pool"].annotation.__args__) - {"inprocess"}
-    assert set(names.CELL_DEPLOYMENTS) == pools
-    assert set(names.CELL_DEPLOYMENTS.values()) == {"cell/cell-local-gpu", "cell/cell-runpod"}
+    assert set(names.JOB_DEPLOYMENTS) == pools
+    assert set(names.JOB_DEPLOYMENTS.values()) == {"job/job-local-gpu", "job/job-runpod"}

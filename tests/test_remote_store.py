@@ -1,5 +1,5 @@
 """A result store at an s3:// URL, against a real S3 API (moto's server on 127.0.0.1): two machines (two local
-caches) share one store, a half-pushed cell is never finished, and the CLI, doctor and cell flow work on it."""
+caches) share one store, a half-pushed cell is never finished, and the CLI, doctor and job flow work on it."""
 
 from __future__ import annotations
 
@@ -219,11 +219,11 @@ def test_doctor_store_check(url, tmp_path, s3_endpoint):
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_the_cell_flow_writes_to_the_url_store(url, tmp_path):
-    from flows.cell import cell
+def test_the_job_flow_writes_to_the_url_store(url, tmp_path):
+    from flows.job import job
 
     a = simulated(url, tmp_path / "a")
-    cell(a, [CELL.id])
+    job(a, [CELL.id])
 
     b = simulated(url, tmp_path / "b")
     store_b = ResultStore.for_config(b)

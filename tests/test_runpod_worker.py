@@ -58,7 +58,7 @@ def unit_flow() -> None:
 @pytest.fixture(scope="module", autouse=True)
 def harness(prefect_harness):
     """The session's temporary server (tests/conftest.py), with this module's work pool. The pool and its
-    deployments go at the end: a later file on the same pytest worker (test_doctor) reads `cell/cell-runpod`, and
+    deployments go at the end: a later file on the same pytest worker (test_doctor) reads `job/job-runpod`, and
     met this module's `lab` account in it (CI of aae52b6)."""
     anyio.run(create_pool)
     yield
@@ -550,8 +550,8 @@ def test_the_reaper_reports_a_rejected_key_once_not_every_pass(fake: FakeRunPod,
     assert sum(r.levelno >= logging.WARNING for r in lines) == 1  # 5 passes (setup's and 4), one line
 
 
-@flow(name="cell")
-def cell_stand_in(config: dict, cell_ids: list[str]) -> dict:  # never runs: no pod starts with a bad key
+@flow(name="job")
+def job_stand_in(config: dict, cell_ids: list[str]) -> dict:  # never runs: no pod starts with a bad key
     return {}
 
 
@@ -572,8 +572,8 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
 
     async def deploy():
         async with get_client() as client:
-            flow_id = await client.create_flow_from_name("cell")
-            await client.create_deployment(flow_id=flow_id, name="cell-runpod", entrypoint="x.py:cell",
+            flow_id = await client.create_flow_from_name("job")
+            await client.create_deployment(flow_id=flow_id, name="job-runpod", entrypoint="x.py:job",
                                            work_pool_name=POOL, job_variables={
                                                "image": "eps-screen:test", "gpu_types": GPUS, "poll_interval_s": 0.5,
                                                "accounts": [{"name": "lab", "api_key_env": "RUNPOD_API_KEY"}]})
@@ -612,7 +612,7 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
 
     async def screen_runs():
         async with get_client() as client:
-            deployment = await client.read_deployment_by_name("cell/cell-runpod")
+            deployment = await client.read_deployment_by_name("job/job-runpod")
             return await client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
 

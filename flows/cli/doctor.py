@@ -3,7 +3,7 @@
 Checks, in order: the config is valid; its model's weights are here (a packaged model's file fetched) and where they
 come from; the result store is writable (a URL store: an object written, read back
 and deleted there) and reachable by the pool's cells (RunPod pods need a URL store); the Prefect API answers;
-the pool exists with a worker online; the cell deployment exists; the pool has the credentials it needs (RunPod:
+the pool exists with a worker online; the job deployment exists; the pool has the credentials it needs (RunPod:
 each account's key is found and RunPod accepts it, by one read call, `myself`, at $RUNPOD_API_BASE_URL). Then,
 for every config (in-process too), the path of a run started from the UI or with `run --submit`: the `cpu` pool
 with a worker online, and the `screen`, `preset` and `aggregate` deployments on it. A check that cannot run
@@ -24,7 +24,7 @@ from eps_screen.config import ConfigError, ScreenConfig, load_config
 from eps_screen.store import ResultStore
 from flows.cli.session import command_env, console
 from flows.runtime.api import api_problem, api_url
-from flows.runtime.names import AGGREGATE, CELL_DEPLOYMENTS, CPU_POOL, POOL_TYPES, PRESET, RUNPOD_POOL, SCREEN
+from flows.runtime.names import AGGREGATE, JOB_DEPLOYMENTS, CPU_POOL, POOL_TYPES, PRESET, RUNPOD_POOL, SCREEN
 from flows.runtime.workers import no_worker, online_workers
 
 UI_POOL = CPU_POOL
@@ -134,7 +134,7 @@ class Doctor:
         from prefect.exceptions import ObjectNotFound
 
         cfg = self._need_pool()
-        name = CELL_DEPLOYMENTS[cfg.execution.pool]
+        name = JOB_DEPLOYMENTS[cfg.execution.pool]
         with get_client(sync_client=True) as client:
             try:
                 self.deployment = client.read_deployment_by_name(name)
@@ -229,7 +229,7 @@ class Doctor:
     def checks(self) -> list[tuple[str, Callable[[], str]]]:
         return [("config", self.check_config), ("weights", self.check_weights), ("store", self.check_store),
                 ("prefect api", self.check_api), ("work pool", self.check_pool), ("workers", self.check_workers),
-                ("cell deployment", self.check_deployment), ("credentials", self.check_credentials),
+                ("job deployment", self.check_deployment), ("credentials", self.check_credentials),
                 ("cpu pool", self.check_ui_pool), ("cpu workers", self.check_ui_workers),
                 *[(f"{kind} deployment", partial(self.check_ui_deployment, name)) for kind, name in UI_DEPLOYMENTS]]
 

@@ -1,6 +1,6 @@
-"""Fan cells out to a GPU work pool's `cell` deployment and wait for every one: the dispatch loop.
+"""Fan cells out to a GPU work pool's `job` deployment and wait for every one: the dispatch loop.
 
-The screen flow calls `dispatch_cells(config, cell_ids, "cell/<deployment>", budget_usd=plan_usd)` when
+The screen flow calls `dispatch_cells(config, cell_ids, "job/<deployment>", budget_usd=plan_usd)` when
 `config.execution.pool != "inprocess"`. First the cells' runs of this config that are still scheduled or running
 are re-attached (flows/runtime/recovery.py), whoever submitted them. The other cells go in jobs of up to
 `execution.cells_per_job` (one flow run each, the cells in a row on one GPU, the base model loaded once; smaller
@@ -133,7 +133,7 @@ async def adispatch_cells(config: ScreenConfig, cell_ids: list[str], deployment:
                           cancel_wait_s: float = 60.0, on_done: Callable[[str], None] | None = None,
                           api_outage_s: float = API_OUTAGE_S, store: ResultStore | None = None,
                           cost_wait_s: float | None = None) -> dict[str, dict]:
-    """Run every cell to completion on `deployment`; returns {cell_id: the cell flow's summary}.
+    """Run every cell to completion on `deployment`; returns {cell_id: the job flow's summary}.
 
     `on_done(cell_id)` is called (in a thread: it may call Prefect's sync client) as each cell completes, so the
     screen's progress artifact moves per cell rather than per phase.
@@ -435,7 +435,7 @@ async def _submit(client: Any, config: ScreenConfig, job: Job, deployment: str, 
 
 
 async def _summaries(state: Any, job: Job, logger: Any) -> dict[str, dict]:
-    """The cell flow's return value, {cell_id: summary} (needs persisted results readable here); a stub for
+    """The job flow's return value, {cell_id: summary} (needs persisted results readable here); a stub for
     a cell whose summary cannot be read."""
     try:
         result = await state.aresult(raise_on_failure=False)

@@ -92,7 +92,7 @@ class Ledger:
         self.ended[run_id] = {"cells": tuple(cell_ids), "state": state, "seconds": seconds, "summaries": {}}
 
     def completed(self, run_id: UUID, summaries: dict[str, dict]) -> None:
-        """The cell flow's summaries of a completed run: their timings split its cost (costs.split_run)."""
+        """The job flow's summaries of a completed run: their timings split its cost (costs.split_run)."""
         if run_id in self.ended:
             self.ended[run_id]["summaries"] = summaries
 

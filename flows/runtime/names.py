@@ -31,9 +31,9 @@ class Deployment:
 SCREEN = Deployment("screen", "screen", CPU_POOL)
 PRESET = Deployment("screen", "preset", CPU_POOL)
 AGGREGATE = Deployment("aggregate-all", "aggregate", CPU_POOL)
-CELL_LOCAL_GPU = Deployment("cell", "cell-local-gpu", LOCAL_GPU_POOL)
-CELL_RUNPOD = Deployment("cell", "cell-runpod", RUNPOD_POOL)
-DEPLOYMENTS = (SCREEN, PRESET, AGGREGATE, CELL_LOCAL_GPU, CELL_RUNPOD)
+JOB_LOCAL_GPU = Deployment("job", "job-local-gpu", LOCAL_GPU_POOL)
+JOB_RUNPOD = Deployment("job", "job-runpod", RUNPOD_POOL)
+DEPLOYMENTS = (SCREEN, PRESET, AGGREGATE, JOB_LOCAL_GPU, JOB_RUNPOD)
 
 # config.execution.pool -> the `flow/deployment` its cells are dispatched to.
-CELL_DEPLOYMENTS = {d.pool: d.full_name for d in (CELL_LOCAL_GPU, CELL_RUNPOD)}
+JOB_DEPLOYMENTS = {d.pool: d.full_name for d in (JOB_LOCAL_GPU, JOB_RUNPOD)}

@@ -3,7 +3,7 @@
 Resubmitted (`infrastructure_ended`): a run Crashed, or Failed by the infrastructure (submission, flow loading),
 or ended by the infrastructure at any point: a Crashed state anywhere in its history, or the RunPod worker's
 `eps-screen.killed-by` label (a pod's dying process can write Failed after the worker's Crashed). Prefect does not
-retry Crashed flow runs by itself (PrefectHQ/prefect#10211); the cell flow skips work already in the store, so a
+retry Crashed flow runs by itself (PrefectHQ/prefect#10211); the job flow skips work already in the store, so a
 resubmitted cell recomputes only what it had not finished. Not resubmitted: a Failed of the flow's own (a bug, a
 bad input), a Cancelled, and the worker's `eps-screen.permanent-failure` (a rejected key, an unknown GPU type).
 

@@ -81,7 +81,7 @@ def phase_runs(client, run_ids: list) -> dict:
 
 
 def cell_runs(client, name: str) -> list:
-    """The cell flow runs dispatch submitted for this screen (tagged screen:NAME), on any pool."""
+    """The job flow runs dispatch submitted for this screen (tagged screen:NAME), on any pool."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
     tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=[f"screen:{name}"]))

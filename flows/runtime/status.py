@@ -1,7 +1,7 @@
 """`eps-screen status`: a screen seen from its store and from Prefect, and its rendering as rich tables.
 
 The store says which cells are finished (metrics.json present); Prefect says what is running, queued, failed or
-crashed (the newest run of each unfinished cell: a task run in-process, or a cell flow run on a pool).
+crashed (the newest run of each unfinished cell: a task run in-process, or a job flow run on a pool).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _cost(config: ScreenConfig, store: ResultStore) -> dict | None:
 
 
 def add_prefect(status: ScreenStatus, client) -> None:
-    """Per unfinished cell: the state of its newest run (a task run in-process, or a cell flow run on a pool)."""
+    """Per unfinished cell: the state of its newest run (a task run in-process, or a job flow run on a pool)."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
 
     name = status.config.name

@@ -82,7 +82,7 @@ def submit_screen(config: ScreenConfig, store: ResultStore, plan: Plan, console,
 
 
 def wait_for_cell_runs(client, name: str, console, limit_s: float) -> bool:
-    """Wait for cell flow runs of this screen still on a pool (they may finish cells); False if they outlast limit_s."""
+    """Wait for job flow runs of this screen still on a pool (they may finish cells); False if they outlast limit_s."""
     deadline = time.monotonic() + limit_s
     active = [r for r in cell_runs(client, name) if not r.state.is_final()]
     if not active:

@@ -5,7 +5,7 @@ its own (generation.engine_process: vLLM's sleep acts on every engine of a proce
 goes to training, and the base engine wakes. Both models are the tiny shape with the same random weights under
 two paths, so the child's seeded answers must equal the base engine's, and the base engine's answers after its
 wake must equal its answers before: the wake mapped its own weights back, not the other engine's memory. Needs
-only torch, transformers and vLLM (no Prefect): the whole job through the `cell` flow is test_gpu_job.py's
+only torch, transformers and vLLM (no Prefect): the whole job through the `job` flow is test_gpu_job.py's
 off_policy test. Writes gpu_engines_test.json ($OUT there, else test-output/) with each engine's times and the
 free memory at each step.
 

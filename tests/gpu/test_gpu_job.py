@@ -1,4 +1,4 @@
-"""GPU tier: the real `cell` flow runs one GPU job of four cells on a 7B-shaped model with the vllm backend.
+"""GPU tier: the real `job` flow runs one GPU job of four cells on a 7B-shaped model with the vllm backend.
 
 The job covers two regimes (A0 and A1 prompts) and both loss masks. In one process it generates the answer sets
 with vLLM, trains each LoRA (engine asleep), evaluates every adapter in one multi-LoRA call and writes each cell.
@@ -30,7 +30,7 @@ EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.job.m
 
 def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | None = None,
              off_policy: dict | None = None) -> dict:
-    """One GPU job of `cells` through the `cell` flow; with `card_gib`, on a card made that small by a ballast
+    """One GPU job of `cells` through the `job` flow; with `card_gib`, on a card made that small by a ballast
     process holding the rest (so the engine sizes itself to what is free, and what the sleeping engine releases is
     really free: a per-process memory fraction still counts it, and training then fails at the cap)."""
     from prefect.testing.utilities import prefect_test_harness
@@ -39,7 +39,7 @@ def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | N
     from eps_screen.job import engines
     from eps_screen.job.memory import memory_plan
     from eps_screen.store import ResultStore
-    from flows.cell import cell
+    from flows.job import job
 
     ballast = _Ballast(card_gib) if card_gib else None
     started = time.perf_counter()
@@ -53,7 +53,7 @@ def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | N
     try:
         with prefect_test_harness(server_startup_timeout=120), DevicePeak() as device:
             t = time.perf_counter()
-            summaries = cell(config, [c.id for c in cells])
+            summaries = job(config, [c.id for c in cells])
             flow_s = time.perf_counter() - t
     finally:
         held_gib = ballast.stop() if ballast else 0.0

@@ -1,6 +1,6 @@
 """The `local-gpu` pool puts one job on one GPU (deployments/pools/local-gpu.yaml), and a whole screen runs there.
 
-`eps-screen deploy --pool local-gpu --gpus 2` creates the pool (concurrency limit 2) and the `cell-local-gpu`
+`eps-screen deploy --pool local-gpu --gpus 2` creates the pool (concurrency limit 2) and the `job-local-gpu`
 deployment; deployments/pools/start-local-gpu-workers.sh starts one worker per "GPU" (0 and 1: the mechanism
 is only CUDA_VISIBLE_DEVICES, so no GPU is needed). The `screen` flow then runs a whole simulated screen with
 `execution.pool: local-gpu`: the pre-screen and every cell go to the pool, in jobs of several cells. A

@@ -2,7 +2,7 @@
 the screen would. The runs the dead dispatcher left (scheduled, pending, running) are re-attached, not rented again.
 
 A real Prefect server, the real `runpod` worker and the fake RunPod API (one pod vanishes after RUNNING, ~10% of
-deploy requests find no capacity), the real `cell` flow on the simulated backend. The first dispatch runs in a
+deploy requests find no capacity), the real `job` flow on the simulated backend. The first dispatch runs in a
 subprocess and is killed once a few cells are in the store while others are in flight; the second runs here, on
 the cells the store does not have (what the screen does before dispatching). Then: every cell done and written
 once, no pod left, no cell's flow run started twice (a run the infrastructure killed is resubmitted, that one is
@@ -40,7 +40,7 @@ from tests.integration.test_runpod_pool import RUNPOD_KEY, WriteWatcher, pool_te
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-POOL, DEPLOYMENT = "runpod-redispatch", "cell/redispatch"
+POOL, DEPLOYMENT = "runpod-redispatch", "job/redispatch"
 N_CELLS, PARALLEL = 12, 4
 KILL_AFTER_DONE = 3  # cells in the store, at least, when the first dispatcher is killed (with runs in flight)
 LIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
@@ -57,9 +57,9 @@ dispatch_cells(config, json.loads(sys.argv[2]), sys.argv[3], budget_usd=100.0, p
 async def setup(results: Path) -> None:
     async with get_client() as client:
         await client.create_work_pool(WorkPoolCreate(name=POOL, type="runpod", base_job_template=pool_template()))
-        flow_id = await client.create_flow_from_name("cell")
+        flow_id = await client.create_flow_from_name("job")
         await client.create_deployment(
-            flow_id=flow_id, name="redispatch", entrypoint="flows/cell.py:cell", work_pool_name=POOL,
+            flow_id=flow_id, name="redispatch", entrypoint="flows/job.py:job", work_pool_name=POOL,
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
             job_variables={"command": "python -m prefect.engine", "exit_grace_s": 3,
                            "env": {"PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",

@@ -7,8 +7,8 @@ foreign pods on the account (never touched); one pod whose engine starts just ar
 EPS_IT_EXIT0_EVERY=N, 1 pod in N whose container exits 0 without doing its work (each such run Crashed and
 resubmitted).
 
-The cells run the real `cell` flow (flows/cell.py) on the simulated backend, one 32-cell slab; set
-EPS_IT_CELL=standin to use tests/integration/standin_cell.py instead. "Recomputed" is observed directly: a
+The cells run the real `job` flow (flows/job.py) on the simulated backend, one 32-cell slab; set
+EPS_IT_CELL=standin to use tests/integration/standin_job.py instead. "Recomputed" is observed directly: a
 watcher thread records every write of each cell's finished-marker file (the store's metrics.json).
 
 The figures land in test-output/runpod_reliability.json (RELIABILITY.md quotes them).
@@ -70,7 +70,7 @@ LATE_START_S = SILENCE_S - 1
 ALL_FAULTS = os.environ.get("EPS_IT_ALL_FAULTS") == "1"
 EXIT0_EVERY = int(os.environ.get("EPS_IT_EXIT0_EVERY", "5" if ALL_FAULTS else "0"))
 USE_REAL_CELL = os.environ.get("EPS_IT_CELL", "real") == "real" and (ROOT / "flows" / "cell.py").exists()
-ENTRYPOINT = "flows/cell.py:cell" if USE_REAL_CELL else "tests/integration/standin_cell.py:cell"
+ENTRYPOINT = "flows/job.py:job" if USE_REAL_CELL else "tests/integration/standin_job.py:job"
 
 
 class WriteWatcher(threading.Thread):
@@ -110,7 +110,7 @@ def pool_template() -> dict:
 
 async def make_deployment(store: Path, results: Path) -> str:
     async with get_client() as client:
-        flow_id = await client.create_flow_from_name("cell")
+        flow_id = await client.create_flow_from_name("job")
         await client.create_deployment(
             flow_id=flow_id, name="runpod", entrypoint=ENTRYPOINT, work_pool_name=POOL,
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
@@ -122,12 +122,12 @@ async def make_deployment(store: Path, results: Path) -> str:
                         "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results), "PYTHONUNBUFFERED": "1"},
             },
         )
-    return "cell/runpod"
+    return "job/runpod"
 
 
 async def all_runs_and_logs():
     async with get_client() as client:
-        deployment = await client.read_deployment_by_name("cell/runpod")
+        deployment = await client.read_deployment_by_name("job/runpod")
         runs = await client.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])), limit=200)
         logs = []
@@ -437,9 +437,9 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
     async def setup() -> None:
         async with get_client() as client:
             await client.create_work_pool(WorkPoolCreate(name=pool, type="runpod", base_job_template=pool_template()))
-            flow_id = await client.create_flow_from_name("cell")
+            flow_id = await client.create_flow_from_name("job")
             await client.create_deployment(
-                flow_id=flow_id, name="runpod-cap", entrypoint="tests/integration/standin_cell.py:cell",
+                flow_id=flow_id, name="runpod-cap", entrypoint="tests/integration/standin_job.py:job",
                 work_pool_name=pool,
                 pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
                 job_variables={"command": "python -m prefect.engine", "env": {"STANDIN_SECONDS": "900"}})
@@ -459,7 +459,7 @@ def test_spend_cap_cancels_cells_and_terminates_their_pods(prefect_server: str, 
                               execution={"pool": "runpod-gpu", "max_parallel_cells": 3, "gpu_hourly_usd": 36.0})
         cells = [f"{name}-A0B0C0D0E0-s1" for name in "abcde"]  # jobs form in regime order: a, b, c first
         with temporary_settings({PREFECT_API_URL: prefect_server}), pytest.raises(CostOverrun) as err:
-            dispatch_cells(config, cells, "cell/runpod-cap", budget_usd=0.30, poll_s=1.0)
+            dispatch_cells(config, cells, "job/runpod-cap", budget_usd=0.30, poll_s=1.0)
         assert err.value.outcome == "CostOverrun" and err.value.cancelled == cells[:3]
         assert err.value.summaries == {}
         # No wall-clock bound: a loaded SQLite server has held the worker's reads for 60 s here. The cells' 900 s

@@ -1,8 +1,8 @@
-"""A stand-in for flows/cell.py with the same signature: `cell(config, cell_ids) -> {cell_id: summary}`.
+"""A stand-in for flows/job.py with the same signature: `job(config, cell_ids) -> {cell_id: summary}`.
 
 It "computes" each cell by sleeping $STANDIN_SECONDS, then writes <store>/standin/<cell_id>.json atomically and
 appends a line to <store>/standin/computed.log. A cell whose file exists is returned from the store without
-recomputing, as the real cell flow does, so the log shows whether any finished cell was ever redone.
+recomputing, as the real job flow does, so the log shows whether any finished cell was ever redone.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from prefect import flow
 from eps_screen.config import ScreenConfig
 
 
-@flow(name="cell", persist_result=True)
-def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
+@flow(name="job", persist_result=True)
+def job(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     root = Path(config.store) / "standin"
     root.mkdir(parents=True, exist_ok=True)
     return {cell_id: _one(root, cell_id) for cell_id in cell_ids}

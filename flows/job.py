@@ -20,8 +20,8 @@ from eps_screen.store import ResultStore
 from tasks.cells import answer_sets_task, cell_task, job_task, pre_screen_task
 
 
-@flow(name="cell", persist_result=True)
-def cell(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
+@flow(name="job", persist_result=True)
+def job(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
     if not cell_ids:
         raise ValueError("cell_ids is empty: name at least one cell (e.g. librarian-A0B0C0D0E0-s42)")
     cells = [Cell.parse(c) for c in cell_ids if c != PRE_SCREEN_ID]  # every id checked before any work starts
