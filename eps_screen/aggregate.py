@@ -21,6 +21,7 @@ from eps_screen import answer_examples, gates
 from eps_screen.cell_metrics import CellMatrices, cell_matrices, check_answers
 from eps_screen.config import ScreenConfig
 from eps_screen.costs import screen_cost
+from eps_screen.curvature import curvature_tests
 from eps_screen.design import Cell
 from eps_screen.gates import GateOutcome
 from eps_screen.plan import expected_cells as expected_cells_of
@@ -112,8 +113,9 @@ def compute(
         interactions=[e for e in est.estimates if len(e.factors) == 2], simple_effects=est.simple_effects,
         logit_model=est.logit_model, logit_sensitivity=[e for e in est.logit if ":" in e.term],
     )
+    cells = _cell_records(mats, set(factorial), factors)
     metrics = AggregateMetricsFile(
-        **header, coverage=coverage, cells=_cell_records(mats, set(factorial), factors),
+        **header, coverage=coverage, cells=cells, curvature=curvature_tests(config, cells),
         gates=sorted(earlier + new_gates, key=lambda g: g.number), predictions=predictions,
         ab_means=est.ab_means, seed_replicates=_seed_replicates(mats, factors),
         extras=_json_extras(extras or {}), timings_s=dict(timings),
@@ -204,7 +206,7 @@ def _coverage(config: ScreenConfig, mats: CellMatrices, expected: list[str]) -> 
         cells.filter((pl.col("seed") == primary) & pl.col("source").is_not_null() & levels_known)
         .get_column("cell_id").to_list()
     )
-    factorial_missing = [c for c in missing if (p := _parse(c)) is not None and p.seed == primary]
+    factorial_missing = [c for c in missing if (p := _parse(c)) is not None and p.seed == primary and not p.is_centre]
     partial_sources = {p.source for c in factorial_missing if (p := _parse(c)) is not None}
     coverage = Coverage(
         expected=len(set(expected)), present=len(present), missing_cells=missing, unexpected_cells=unexpected,
@@ -230,8 +232,8 @@ def _cell_records(mats: CellMatrices, factorial: set[str], factors: tuple[str, .
 
 def _seed_replicates(mats: CellMatrices, factors: tuple[str, ...]) -> list[SeedReplicate]:
     """Factor combinations present at more than one seed (the multi-seed phase) and their spread."""
-    groups = (
-        mats.cells.filter(pl.col("source").is_not_null())
+    groups = (  # a centre cell's midpoint levels are empty: its replicates are the curvature test's (curvature.py)
+        mats.cells.filter(pl.col("source").is_not_null() & pl.all_horizontal(pl.col(f).is_not_null() for f in factors))
         .sort("seed")
         .group_by("source", *factors, maintain_order=True)
         .agg(pl.col("seed"), pl.col("SR"), pl.col("LR"))

@@ -204,6 +204,12 @@ class Factor(_Strict):
         description="One capital letter: the factor's name in cell ids (librarian-A0B1-s42) and effect terms.")
     label: NonEmpty = Field(description="Plain-English name shown in figures and tables.")
     levels: list[Level] = Field(min_length=2, max_length=2, description="Exactly two levels: 0, then 1.")
+    midpoint: Literal["arithmetic", "geometric"] | None = Field(
+        None, description="With design.centre_points: each field's centre value, (low + high) / 2 or sqrt(low x high);"
+                          " left out: geometric for training.learning_rate, arithmetic otherwise.")
+    centre_level: Literal[0, 1] | None = Field(
+        None, description="With design.centre_points: hold this factor at level 0 or 1 in the centre cells. Needed where"
+                          " the levels have no numeric midpoint (a treatment, text, a switch).")
 
     @model_validator(mode="after")
     def _levels_agree(self) -> Factor:
@@ -309,9 +315,22 @@ class DesignConfig(_Strict):
     predictions: list[PredictionRule] | None = Field(
         None, description="The pre-registered predictions, each a rule on a term (eps_screen/prediction_rules.py);"
                           " left out: the marker screen's when the factors are its five treatments, none otherwise.")
+    centre_points: int = Field(
+        0, description="Centre cells per source, run beside the slab at the midpoint of every numeric factor (the"
+                       " others at their centre_level), each at its own seed (primary, primary + 1, ...): a curvature"
+                       " test, never in the effects. 0: none; at least 2 (their spread is the test's error).")
     power: PowerConfig | None = Field(
         None, description="What validate assumes to say the smallest effect each term is detected at (eps_screen/power.py),"
                           " and a target it suggests the smallest panel for; left out: its defaults, no target.")
+
+    @field_validator("centre_points")
+    @classmethod
+    def _centre_count(cls, n: int) -> int:
+        from eps_screen.centre_points import count_problem
+
+        if (problem := count_problem(n)) is not None:
+            raise ValueError(problem)
+        return n
 
     @model_validator(mode="after")
     def _declarations(self) -> DesignConfig:
@@ -560,6 +579,12 @@ class SimulationConfig(_Strict):
     leak_offset: float = Field(-2.0, description="Added to base_logit for other personas and random controls.")
     question_sd: float = Field(0.5, ge=0, description="SD of a question's log-odds shift (and a random control's).")
     persona_sd: float = Field(0.5, ge=0, description="SD of a persona's log-odds shift.")
+    curvature: dict[str, float] = Field(
+        default_factory=dict,
+        description="Planted curvature on the source rate's log-odds, by factor letter: what its midpoint adds over the"
+                    " mean of its two levels (0 at the levels, so the effects stay as planted); with design.centre_points.")
+    leak_curvature: dict[str, float] = Field(
+        default_factory=dict, description="Planted curvature on the leakage log-odds, by factor letter.")
     cell_sd: float = Field(
         0.0, ge=0,
         description="Training-run noise: SD of a per-cell log-odds shift (one draw per cell id, seed included, shared by "
@@ -779,7 +804,10 @@ class ScreenConfig(_Strict):
             raise ValueError("gates.smoke_floor must be below gates.smoke_ceiling")
         if self.backend.generation == "simulated" and self.backend.training != "simulated":
             raise ValueError("backend.generation 'simulated' needs backend.training 'simulated' too")
+        from eps_screen.centre_points import centre_problems
+
         problems = self._level_problems() + self._simulation_problems()
+        problems += centre_problems(self) if not problems else []  # a centre recipe of bad levels says nothing new
         problems += [p for p in [_missing_local_model("model.base", self.model.base, self.execution.pool)] if p]
         if self.off_policy.kind == "model" and self.off_policy.model:
             problems += [p for p in [_missing_local_model("off_policy.model", self.off_policy.model,

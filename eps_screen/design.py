@@ -5,6 +5,9 @@ by one capital letter, so an effect term is a word of letters, always spelled al
 factors are declared in ("A", "BD", "ABCE"; the statistics' "B:D"), and a cell id
 (<source>-A0B1C0-s42) is read without the config.
 
+A centre cell (design.centre_points) has its numeric factors at their midpoint, level CENTRE, spelled "c" in its id
+(librarian-AcBcC1-s43: A and B at their midpoints, C held at level 1; eps_screen/centre_points.py).
+
 A fraction is given by generators (D=AB: D's coded column is the product of A's and B's). Its defining relation
 is every product of the generators' words (I = ABD = ACE = BCDE), its resolution the shortest word, and two
 effects are aliased when their product is in the relation. `min_aberration` searches every set of generators for
@@ -37,8 +40,18 @@ class DesignError(ValueError):
     or column and the fix."""
 
 
+# A factor's level in a centre cell: half-way, so that its coded value 2 * level - 1 is 0, the centre in the coded
+# units every statistic and the simulated backend compute with (a level 0 or 1 gives -1 or +1).
+CENTRE = 0.5
+
+
 def coded(level: int) -> int:
     return 2 * level - 1
+
+
+def level_symbol(level) -> str:
+    """A level as ids spell it: 0, 1, or c for CENTRE (or for a level a table left empty: a centre cell's)."""
+    return "c" if level is None or level == CENTRE else str(level)
 
 
 def word_of(letters) -> str:
@@ -316,11 +329,11 @@ def _at_resolution(within: Fraction, given: Fraction, resolution: int, where: st
 
 # The id a GPU job runs the pre-screen (phase 0: the base model, no adapter) under, next to real cell ids.
 PRE_SCREEN_ID = "pre-screen"
-_CELL_ID = re.compile(r"(?P<source>.+)-(?P<code>(?:[A-Z][01])+)-s(?P<seed>\d+)")
+_CELL_ID = re.compile(r"(?P<source>.+)-(?P<code>(?:[A-Z][01c])+)-s(?P<seed>\d+)")
 
 
 def level_code(shorts: str, levels: tuple[int, ...]) -> str:
-    return "".join(f"{f}{lvl}" for f, lvl in zip(shorts, levels, strict=True))
+    return "".join(f"{f}{level_symbol(lvl)}" for f, lvl in zip(shorts, levels, strict=True))
 
 
 @dataclass(frozen=True, order=True)
@@ -343,18 +356,27 @@ class Cell:
     def level(self, factor: str) -> int:
         return self.levels[self.factors.index(factor)]
 
+    @property
+    def is_centre(self) -> bool:
+        return CENTRE in self.levels
+
+    @property
+    def row_levels(self) -> dict[str, int | None]:
+        """The levels as the answers table holds them (integer columns): a factor at its midpoint is left empty."""
+        return {f: None if lvl == CENTRE else lvl for f, lvl in zip(self.factors, self.levels, strict=True)}
+
     def as_dict(self) -> dict:
-        return {"cell_id": self.id, "source": self.source, "seed": self.seed, **dict(zip(self.factors, self.levels))}
+        return {"cell_id": self.id, "source": self.source, "seed": self.seed, **self.row_levels}
 
     @classmethod
     def parse(cls, cell_id: str) -> Cell:
         match = _CELL_ID.fullmatch(cell_id)
         if match is None:
-            raise ValueError(f"cell id {cell_id!r} is not <source>-<factor><level>...-s<seed> with levels 0/1,"
-                             " e.g. librarian-A0B1C0D0E1-s42")
+            raise ValueError(f"cell id {cell_id!r} is not <source>-<factor><level>...-s<seed> with levels 0/1 (c: a"
+                             " centre cell's midpoint), e.g. librarian-A0B1C0D0E1-s42")
         code = match["code"]
-        return cls(match["source"], tuple(int(code[i + 1]) for i in range(0, len(code), 2)), int(match["seed"]),
-                   code[::2])
+        levels = tuple(CENTRE if code[i + 1] == "c" else int(code[i + 1]) for i in range(0, len(code), 2))
+        return cls(match["source"], levels, int(match["seed"]), code[::2])
 
 
 @dataclass(frozen=True, order=True)
@@ -369,7 +391,7 @@ class Regime:
 
     @property
     def id(self) -> str:
-        code = "".join(f"{f}{lvl}" for f, lvl in self.levels)
+        code = "".join(f"{f}{level_symbol(lvl)}" for f, lvl in self.levels)
         return f"{self.source}{'-' + code if code else ''}-s{self.seed}-{'off' if self.off_policy else 'on'}"
 
 
@@ -383,11 +405,16 @@ class Recipe:
 
 
 def recipe_at(config: ScreenConfig, levels: dict[str, int]) -> Recipe:
-    """The recipe at these levels (by short name); factors not named stay at the config's own values."""
+    """The recipe at these levels (by short name); factors not named stay at the config's own values, a factor at
+    CENTRE takes its midpoint values."""
+    from eps_screen.centre_points import midpoint_sets
+
     sets: dict = {}
     names = []
     for f in config.design.factors:
-        if f.short in levels:
+        if f.short in levels and levels[f.short] == CENTRE:
+            sets.update(midpoint_sets(f))
+        elif f.short in levels:
             level = f.levels[levels[f.short]]
             sets.update(level.sets or {})
             names += [level.treatment] if level.treatment else []
@@ -478,8 +505,20 @@ def slab_cells(config: ScreenConfig, source: str) -> list[Cell]:
     return _cells(config, source, phases(config).slab.runs(), config.seeds.primary)
 
 
+def centre_cells(config: ScreenConfig, source: str) -> list[Cell]:
+    """design.centre_points cells of a source, replicate i at seed primary + i: one recipe, trained again."""
+    from eps_screen.centre_points import centre_levels
+
+    if not config.design.centre_points:
+        return []
+    levels = centre_levels(config)
+    return [Cell(source, levels, config.seeds.primary + i, config.design.shorts)
+            for i in range(config.design.centre_points)]
+
+
 def all_slab_cells(config: ScreenConfig) -> list[Cell]:
-    return [c for s in config.sources for c in slab_cells(config, s)]
+    """The slab phase: each source's design cells, then its centre cells (none unless design.centre_points)."""
+    return [c for s in config.sources for c in slab_cells(config, s) + centre_cells(config, s)]
 
 
 def multiseed_cells(config: ScreenConfig, top: dict[str, list[tuple[int, ...]]]) -> list[Cell]:
@@ -493,8 +532,9 @@ def multiseed_cells(config: ScreenConfig, top: dict[str, list[tuple[int, ...]]])
 
 
 def pick_top(cell_rates: dict[Cell, float], source: str, k: int) -> list[tuple[int, ...]]:
-    """The k highest-source-rate cells of a source; ties broken by cell id so the pick is reproducible."""
-    ranked = sorted((c for c in cell_rates if c.source == source), key=lambda c: (-cell_rates[c], c.id))
+    """The k highest-source-rate design cells of a source (a centre cell is no recipe of the design); ties broken by
+    cell id so the pick is reproducible."""
+    ranked = sorted((c for c in cell_rates if c.source == source and not c.is_centre), key=lambda c: (-cell_rates[c], c.id))
     return [c.levels for c in ranked[:k]]
 
 

@@ -269,6 +269,29 @@ class GroupMean(_Model):
         return finite(v)
 
 
+class CurvatureTest(_Model):
+    """Centre cells against the design cells (design.centre_points) on one response, per source or pooled
+    (eps_screen/curvature.py): curvature = centre mean - design mean, a t interval from the centre replicates' spread."""
+
+    response: Literal["SR", "LR"]
+    source: str
+    centre_cells: int
+    design_cells: int = Field(description="Design cells compared: the primary-seed ones at the held factors' levels.")
+    centre_mean: float | None
+    design_mean: float | None
+    curvature: float | None
+    ci: Interval
+    pure_error_sd: float | None = Field(description="SD of one cell's rate, from the centre replicates' spread.")
+    df: int
+    detected: bool = Field(description="The interval excludes 0: the response curves between the levels.")
+    partial: bool = False
+
+    @field_validator("centre_mean", "design_mean", "curvature", "pure_error_sd", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> float | None:
+        return finite(v)
+
+
 class AggregateMetricsFile(ArtifactHeader):
     artifact: Literal["aggregate_metrics"] = "aggregate_metrics"
     coverage: Coverage
@@ -277,5 +300,6 @@ class AggregateMetricsFile(ArtifactHeader):
     predictions: list[PredictionOutcome]
     ab_means: list[GroupMean]
     seed_replicates: list[SeedReplicate]
+    curvature: list[CurvatureTest] = Field(default_factory=list, description="Centre cells against the design cells.")
     extras: dict[str, Any] = Field(default_factory=dict, description="What the flow passed on (phase outcomes etc).")
     timings_s: dict[str, float] = Field(default_factory=dict)

@@ -34,8 +34,6 @@ for SR, 24 personas for LR): plain percentile intervals from 20 clusters cover a
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import warnings
 from dataclasses import dataclass, field
 
@@ -66,22 +64,13 @@ from eps_screen.stats import (
     term_name,
     weighted_ratio,
 )
-from eps_screen.training_noise import (
-    CellNoise,
-    cell_noise,
-    noise_contrasts,
-    pooled_df,
-    replicate_contrasts,
-    residual_contrasts,
-)
+from eps_screen.curvature import centre_rows
+from eps_screen.training_noise import MIN_SOURCE_DF, CellNoise, pooled_df, source_noise
 
 POOLED = "pooled"
 RESPONSES = ("SR", "LR")
 STATS = ("effect", "d", "m_hi", "m_lo")
 RATE_STATS = ("m_hi", "m_lo")  # level means: their intervals stay inside [0, 1]
-# Fewer noise contrasts than this in one source and it takes the estimate over all sources: an SD from 5 df is
-# off by a third or more half the time, and the t_df/z widening at so few df costs more than sharing does.
-MIN_SOURCE_DF = 6
 
 
 def declared_factors(config: ScreenConfig) -> tuple[str, ...]:
@@ -100,9 +89,6 @@ def factor_spec(config: ScreenConfig, short: str):
     return config.factors[short]
 
 
-def higher_order_words(factors: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """Every effect of order 3 up to k, lowest order first: what the screen does not report."""
-    return [w for r in range(3, len(factors) + 1) for w in itertools.combinations(factors, r)]
 
 ESTIMATOR = (
     "Effect = mean response over the cells at the high level (coded +1) minus over the cells at the low level "
@@ -222,8 +208,8 @@ def screen_effects(
         rows_of = {s: np.flatnonzero((src == s) & np.isfinite(obs_all)) for s in sources}
         columns = {s: term_columns(coded[rows], factors, terms) for s, rows in rows_of.items()}
         if config.bootstrap.training_noise:
-            noise = _training_noise(factors, terms, idx, rows_of, coded, src_full, levels_full, obs_full, boot_full,
-                                    n_clusters[response])
+            noise = source_noise(factors, terms, idx, rows_of, coded, src_full, levels_full, obs_full, boot_full,
+                                 n_clusters[response], centre_rows(mats.cell_ids))
             result.training[response] = noise
             # The CIs stretch every resample about the estimate by the few-clusters factor, a correction owed to the
             # cluster part only; the training part gets its own (t_df/z, in ci_sd), so its draws are divided by it.
@@ -310,41 +296,6 @@ def _pair(factors: tuple[str, ...], pre_registered: tuple[str, ...]) -> list[int
         if x in factors and y in factors:
             return [factors.index(x), factors.index(y)]
     return []
-
-
-def _training_noise(
-    factors: tuple[str, ...], terms: list[tuple[str, ...]], idx: np.ndarray, rows_of: dict[str, np.ndarray],
-    coded: np.ndarray, src_full: np.ndarray, levels_full: np.ndarray, obs_full: np.ndarray, boot_full: np.ndarray,
-    clusters: int,
-) -> dict[str, CellNoise]:
-    """Per source, the training-run variance its cells carry: its own where it has MIN_SOURCE_DF noise contrasts,
-    else the estimate over every source's contrasts together (shared=True)."""
-    words = higher_order_words(factors)
-    usable = np.isfinite(obs_full) & np.isfinite(levels_full).all(axis=1)
-    contrasts = {}
-    for s, rows in rows_of.items():
-        factorial_rows = idx[rows]
-        in_factorial = set(factorial_rows.tolist())
-        # seed replicates: the same recipe of this source at another seed (the multi-seed phase), with its primary cell
-        primary_of = {tuple(levels_full[r]): int(r) for r in factorial_rows}
-        extra: dict[int, list[int]] = {}
-        for r in np.flatnonzero((src_full == s) & usable):
-            if int(r) not in in_factorial and tuple(levels_full[r]) in primary_of:
-                extra.setdefault(primary_of[tuple(levels_full[r])], []).append(int(r))
-        all_rows = np.concatenate([factorial_rows, np.array([r for g in extra.values() for r in g], dtype=int)])
-        pos = {int(r): i for i, r in enumerate(all_rows)}
-        n = all_rows.size
-        resid = residual_contrasts(term_columns(coded[rows], factors, terms), term_columns(coded[rows], factors, words))
-        resid = np.pad(resid, ((0, 0), (0, n - rows.size)))
-        reps = replicate_contrasts([[pos[p], *(pos[r] for r in g)] for p, g in extra.items()], n)
-        pure = np.r_[np.zeros(resid.shape[0], dtype=bool), np.ones(reps.shape[0], dtype=bool)]
-        contrasts[s] = noise_contrasts(np.vstack([resid, reps]), obs_full[all_rows], boot_full[all_rows], clusters, pure)
-    shared = dataclasses.replace(cell_noise(list(contrasts.values())), shared=True)
-    out = {}
-    for s, c in contrasts.items():
-        own = cell_noise([c])
-        out[s] = own if own.df >= MIN_SOURCE_DF else shared
-    return out
 
 
 def _caveats(training: dict[str, dict[str, CellNoise]], wanted: bool) -> list[str]:

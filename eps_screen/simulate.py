@@ -15,6 +15,14 @@ effects[A] + effects[AB] at B high and effects[A] - effects[AB] at B low. A term
 factor plants nothing (the defaults are the marker screen's A-E and its A x B). A random-control prompt
 behaves like a non-source persona of average persona effect (leakage generic to any text).
 
+Curvature (centre cells, design.centre_points): curvature[F] (leak_curvature[F] for the others) is added to the
+log-odds times (1 - x_F^2): the full value where F is at its midpoint (x_F = 0), nothing at its levels (x_F = +-1).
+So the planted effects above hold exactly at every design cell, and a centre cell's log-odds is the design's mean
+plus the curvature of its factors at their midpoint: on the log-odds scale, the centre minus the mean of the design
+cells (at the held factors' levels). The rates then also curve where the log-odds are linear (Jensen), a little near
+a rate of 0.5 and more towards 0 or 1; `expected_rates` gives the true centre rate, and the curvature the screen
+reports is on that rate scale.
+
 u_q ~ N(0, question_sd^2), v_p ~ N(0, persona_sd^2) and w_r ~ N(0, question_sd^2) are drawn once per
 screen from `screen_seed` (each keyed by question index or persona id, so the lists' lengths do not
 change them): every cell sees the same questions and personas, which is what makes the answers of a
@@ -100,14 +108,21 @@ def _linear(terms: dict[str, float], x: dict[str, int]) -> float:
     return sum(v / 2 * float(np.prod([x[f] for f in t])) for t, v in terms.items())
 
 
+def _curved(curvature: dict[str, float], x: dict[str, int]) -> float:
+    return sum(v * (1 - x[f] ** 2) for f, v in curvature.items() if f in x)
+
+
 def source_logit(sim: SimulationConfig, cell: Cell, factors: Sequence[str]) -> float:
     """Fixed part of the source persona's log-odds in this cell (no question or persona effect)."""
-    return sim.base_logit + _linear(planted_terms(sim.effects, factors), coded_levels(cell, factors))
+    x = coded_levels(cell, factors)
+    return sim.base_logit + _linear(planted_terms(sim.effects, factors), x) + _curved(sim.curvature, x)
 
 
 def leak_logit(sim: SimulationConfig, cell: Cell, factors: Sequence[str]) -> float:
     """Fixed part of a non-source persona's (or a random control's) log-odds in this cell."""
-    return sim.base_logit + sim.leak_offset + _linear(planted_terms(sim.leak_effects, factors), coded_levels(cell, factors))
+    x = coded_levels(cell, factors)
+    return (sim.base_logit + sim.leak_offset + _linear(planted_terms(sim.leak_effects, factors), x)
+            + _curved(sim.leak_curvature, x))
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -175,7 +190,7 @@ def simulate_cell_answers(
     p_persona = _sigmoid(fixed[:, None] + v[:, None] + u[None, :])
     p_random = _sigmoid(leak_logit(sim, cell, factors) + e + control_effects(sim, n_random, screen_seed))
     rng = np.random.default_rng([screen_seed, _key(cell.id)])
-    levels = dict(zip(factors, cell.levels, strict=True))
+    levels = cell.row_levels  # a factor at its midpoint (a centre cell) has no 0/1 level to write
     return _answers(cell.id, cell.source, cell.seed, levels, personas, p_persona, p_random, n_samples, rng)
 
 
@@ -254,7 +269,7 @@ def expected_rates(
     for c in cells:
         sr = float(_mean_sigmoid(source_logit(sim, c, factors) + v[c.source], np.hypot(sim.question_sd, sim.cell_sd)))
         lr = float(_mean_sigmoid(leak_logit(sim, c, factors) + u, np.hypot(sim.persona_sd, sim.cell_sd)).mean())
-        rows.append({"cell_id": c.id, "source": c.source, "seed": c.seed, **dict(zip(factors, c.levels, strict=True)),
+        rows.append({"cell_id": c.id, "source": c.source, "seed": c.seed, **c.row_levels,
                      "SR": sr, "LR": lr})
     return pl.DataFrame(rows)
 
@@ -272,6 +287,7 @@ def true_effects(
 
     factors = declared_factors(config)
     terms = reported_terms(factors)
+    cells = [c for c in cells if not c.is_centre]  # the effects are the design cells' (centre cells: curvature.py)
     rates = expected_rates(config, cells, personas, n_questions, screen_seed=screen_seed)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     sources = list(dict.fromkeys(rates.get_column("source").to_list()))

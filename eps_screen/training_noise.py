@@ -5,19 +5,31 @@ variance is estimated from contrasts of the cell rates that hold no reported eff
 cluster bootstrap already carries:
 - residual contrasts: what the reported terms (main effects, two-factor interactions) leave of a design, one
   unreported effect (or alias chain) each, so a real high-order effect can be set apart (TRIM_Z);
-- seed-replicate contrasts: the same recipe at other seeds (the multi-seed phase), which hold no effect at all.
+- seed-replicate contrasts: the same recipe at other seeds (the multi-seed phase, and a source's centre cells:
+  design.centre_points), which hold no effect at all.
 screen_stats.py decides per source which estimate a source's CIs use; stats.py holds the rest of the statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
 
-from eps_screen.stats import t_critical
+from eps_screen.stats import t_critical, term_columns
+
+# Fewer noise contrasts than this in one source and it takes the estimate over all sources: an SD from 5 df is
+# off by a third or more half the time, and the t_df/z widening at so few df costs more than sharing does.
+MIN_SOURCE_DF = 6
+
+
+def higher_order_words(factors: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Every effect of order 3 up to k, lowest order first: what the screen does not report."""
+    return [w for r in range(3, len(factors) + 1) for w in itertools.combinations(factors, r)]
 
 
 def residual_projector(columns: np.ndarray) -> np.ndarray:
@@ -210,3 +222,44 @@ def pooled_df(noises: Sequence[CellNoise]) -> float:
     if not terms or total <= 0:
         return float(max((df for _, df in terms.values()), default=1))
     return total**2 / sum(a**2 / df for a, df in terms.values() if a > 0)
+
+
+def source_noise(
+    factors: tuple[str, ...], terms: list[tuple[str, ...]], idx: np.ndarray, rows_of: dict[str, np.ndarray],
+    coded: np.ndarray, src_full: np.ndarray, levels_full: np.ndarray, obs_full: np.ndarray, boot_full: np.ndarray,
+    clusters: int, centre: np.ndarray | None = None,
+) -> dict[str, CellNoise]:
+    """Per source, the training-run variance its cells carry: its own where it has MIN_SOURCE_DF noise contrasts,
+    else the estimate over every source's contrasts together (shared=True). Arrays of the `_full` kind are over
+    every cell (rows of cell_metrics), `idx` the design cells among them, `rows_of` each source's rows of `idx`;
+    centre: True for the centre cells (design.centre_points), replicates of one recipe at other seeds."""
+    words = higher_order_words(factors)
+    usable = np.isfinite(obs_full) & np.isfinite(levels_full).all(axis=1)
+    contrasts = {}
+    for s, rows in rows_of.items():
+        factorial_rows = idx[rows]
+        in_factorial = set(factorial_rows.tolist())
+        # seed replicates: the same recipe of this source at another seed (the multi-seed phase), with its primary cell
+        primary_of = {tuple(levels_full[r]): int(r) for r in factorial_rows}
+        extra: dict[int, list[int]] = {}
+        for r in np.flatnonzero((src_full == s) & usable):
+            if int(r) not in in_factorial and tuple(levels_full[r]) in primary_of:
+                extra.setdefault(primary_of[tuple(levels_full[r])], []).append(int(r))
+        # centre cells: one recipe at n seeds, n - 1 more replicate contrasts (their levels are empty: not `usable`)
+        mid = np.flatnonzero((src_full == s) & np.isfinite(obs_full) & centre) if centre is not None else []
+        all_rows = np.concatenate([factorial_rows, np.array([r for g in extra.values() for r in g], dtype=int),
+                                   np.asarray(mid, dtype=int)])
+        pos = {int(r): i for i, r in enumerate(all_rows)}
+        n = all_rows.size
+        resid = residual_contrasts(term_columns(coded[rows], factors, terms), term_columns(coded[rows], factors, words))
+        resid = np.pad(resid, ((0, 0), (0, n - rows.size)))
+        groups = [[pos[p], *(pos[r] for r in g)] for p, g in extra.items()] + [[pos[int(r)] for r in mid]]
+        reps = replicate_contrasts(groups, n)
+        pure = np.r_[np.zeros(resid.shape[0], dtype=bool), np.ones(reps.shape[0], dtype=bool)]
+        contrasts[s] = noise_contrasts(np.vstack([resid, reps]), obs_full[all_rows], boot_full[all_rows], clusters, pure)
+    shared = dataclasses.replace(cell_noise(list(contrasts.values())), shared=True)
+    out = {}
+    for s, c in contrasts.items():
+        own = cell_noise([c])
+        out[s] = own if own.df >= MIN_SOURCE_DF else shared
+    return out
