@@ -13,8 +13,18 @@ from pathlib import Path
 
 import polars as pl
 
+from eps_screen.centre_points import centre_recipe
 from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, Fraction, all_slab_cells, multiseed_cells, phases, pick_top, smoke_cells
+from eps_screen.design import (
+    Cell,
+    Fraction,
+    all_slab_cells,
+    level_symbol,
+    multiseed_cells,
+    phases,
+    pick_top,
+    smoke_cells,
+)
 from eps_screen.plackett_burman import PlackettBurman
 from eps_screen.stats import DesignError, factorial_effects
 
@@ -99,7 +109,7 @@ def _cells_text(cells: Sequence[Cell]) -> list[str]:
     width = max((len(c.id) for c in cells), default=4)
     factors = cells[0].factors if cells else ""
     lines = [f"{'cell':<{width}}  source             seed  " + " ".join(factors)]
-    lines += [f"{c.id:<{width}}  {c.source:<18} {c.seed:>4}  " + " ".join(map(str, c.levels)) for c in cells]
+    lines += [f"{c.id:<{width}}  {c.source:<18} {c.seed:>4}  " + " ".join(map(level_symbol, c.levels)) for c in cells]
     return lines
 
 
@@ -146,8 +156,16 @@ def _slab(config: ScreenConfig) -> tuple[dict, list[str]]:
     cells = all_slab_cells(config)
     frac = phases(config).slab
     data = {"cells": _cell_rows(cells), "count": len(cells), "sources": list(config.sources), **_fraction_data(frac)}
+    centre = sum(c.is_centre for c in cells)
     text = [f"slab: the {frac.describe()} for each of {len(config.sources)} sources at seed {config.seeds.primary}, "
-            f"{len(cells)} cells", *_cells_text(cells), "", *_fraction_text(frac)]
+            f"{len(cells) - centre} cells" + (f", and {centre} centre cells" if centre else ""), *_cells_text(cells), "",
+            *_fraction_text(frac)]
+    if centre:
+        recipe = centre_recipe(config)
+        data["centre_points"] = {"per_source": config.design.centre_points, "recipe": dict(recipe)}
+        text += ["", f"centre points: {config.design.centre_points} cells per source (level c: the midpoint), one recipe"
+                     " at seeds from the primary on; the curvature test, never in the effects:",
+                 *(f"  {f}: {what}" for f, what in recipe)]
     return data, text
 
 

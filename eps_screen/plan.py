@@ -6,6 +6,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from eps_screen import design
+from eps_screen.centre_points import centre_recipe
 from eps_screen.config import ScreenConfig
 from eps_screen.design import Cell
 from eps_screen.estimate import estimate
@@ -60,6 +61,7 @@ class Plan:
     eval_answers: int
     estimate: dict = field(default_factory=dict)
     estimate_lines: list[str] = field(default_factory=list)
+    centre_recipe: list[tuple[str, str]] = field(default_factory=list)  # centre_points.centre_recipe
     # What would fail on the rented hardware (a job that does not fit a GPU type it may get), field and fix named.
     problems: list[str] = field(default_factory=list)
 
@@ -73,9 +75,11 @@ class Plan:
         ]
         if d.fold_over is not None:
             out.append(f"  fold-over:        {p['fold_over']} cells ({d.fold_over.describe()})")
+        design_cells = p["slab"] - p["centre"]
         out += [
-            (f"phase 2 slabs:      {p['slab']} cells ({p['slab'] // per_slab} sources x {per_slab}"
+            (f"phase 2 slabs:      {design_cells} cells ({design_cells // per_slab} sources x {per_slab}"
              f"{'' if per_slab == 2 ** d.slab.k else ', ' + d.slab.describe()})"),
+            *self.centre_lines(),
             f"phase 3 multi-seed: {p['multiseed']} cells (top cells per source x extra seeds)",
             f"distinct cells:     {self.distinct_cells} (smoke cells are slab cells, run once)",
             (f"answer sets:        {self.regimes_on_policy} on-policy + {self.regimes_off_policy} off-policy"
@@ -85,6 +89,16 @@ class Plan:
         ]
         out += self.estimate_lines
         return out
+
+    def centre_lines(self) -> list[str]:
+        """The centre cells beside the slab (design.centre_points): how many, at which seeds, and their recipe."""
+        n = self.cells_per_phase["centre"]
+        if not n:
+            return []
+        seeds = sorted({c.seed for c in self.work.slab if c.is_centre})
+        per = n // max(1, len({c.source for c in self.work.slab if c.is_centre}))
+        return [f"  centre points:    {n} cells ({n // per} sources x {per}, seeds {seeds[0]}-{seeds[-1]}: the curvature"
+                " test, not in the effects), at " + "; ".join(f"{f} {what}" for f, what in self.centre_recipe)]
 
 
 # Plans built in this process, by config: the CLI's plan is the screen flow's (which takes only the config, as a
@@ -118,6 +132,8 @@ def _make_plan(config: ScreenConfig) -> Plan:
         training_examples=work.examples_per_cell * work.distinct_cells,
         eval_answers=work.answers_per_cell * work.distinct_cells,
     )
+    if config.design.centre_points:
+        plan.centre_recipe = centre_recipe(config)
     est = estimate(config, work)
     plan.estimate, plan.estimate_lines = est.as_dict(), est.lines() + memory_lines(config)
     if not config.simulated:

@@ -48,7 +48,7 @@ class ScreenWork:
     @property
     def cells_per_phase(self) -> dict[str, int]:
         return {"smoke": len(self.smoke), "fold_over": len(self.fold_over), "slab": len(self.slab),
-                "multiseed": self.n_multi}
+                "centre": sum(c.is_centre for c in self.slab), "multiseed": self.n_multi}  # centre: of the slab's
 
     def by_condition(self, part: str) -> dict[str, float]:
         """Train or answer tokens of every cell (the multi-seed ones as the mean cell), by condition."""
