@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from eps_screen.design import level_symbol
 from eps_screen.config import ScreenConfig
 from eps_screen.schemas import CellMetric, GroupMean, TermEffect
 
@@ -149,7 +150,7 @@ def persona_heatmap(config: ScreenConfig, cells: Sequence[CellMetric], personas:
     ))
     # Each cell's levels (and its seed when it is not the primary one) beside it; each source's block named on
     # the right and framed in its own column (a frame, not a mark on every cell, so the colour stays readable).
-    ticks = ["".join(f"{f}{c.levels.get(f)}" for f in factors)
+    ticks = ["".join(f"{f}{level_symbol(c.levels.get(f))}" for f in factors)
              + (f" s{c.seed}" if c.seed != config.seeds.primary else "") for c in ordered]
     blocks: dict[str, list[int]] = {}
     for i, c in enumerate(ordered):

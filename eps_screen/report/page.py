@@ -17,7 +17,8 @@ from plotly.offline import get_plotlyjs
 from eps_screen.config import ScreenConfig
 from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.gates import GATE_NAMES
-from eps_screen.report import half_normal, power_table, sections
+from eps_screen.design import level_symbol
+from eps_screen.report import curvature_table, half_normal, power_table, sections
 from eps_screen.report.tables import Table, figure_div, num, span
 from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
 from eps_screen.screen_stats import declarations
@@ -78,7 +79,7 @@ def _cost(result: AggregateResult) -> dict | None:
 def _cells_table(result: AggregateResult) -> Table | None:
     factors = result.estimates.factors
     rows = [
-        (c.cell_id, c.source, c.seed, *[c.levels.get(f) for f in factors], num(c.SR), num(c.LR), num(c.random_rate),
+        (c.cell_id, c.source, c.seed, *[level_symbol(c.levels.get(f)) for f in factors], num(c.SR), num(c.LR), num(c.random_rate),
          c.n_source, c.n_leak, "yes" if c.in_factorial else "no")
         for c in result.metrics.cells
     ]
@@ -160,7 +161,7 @@ def render(config: ScreenConfig, result: AggregateResult, figures: dict[str, go.
         cells=_cells_table(result), seeds=_seed_table(result), examples=_examples(result), excerpt_chars=EXCERPT_CHARS,
         recipe=sections.recipe(config), design=sections.design(config),
         half_normal=half_normal.context(config, result, half_normal.panels(config, result)),
-        power=power_table.context(config, result),
+        power=power_table.context(config, result), curvature=curvature_table.context(config, result),
         screen=result.metrics.screen, created_at=result.metrics.created_at, provenance=p,
         libraries=", ".join(f"{k} {v}" for k, v in (p.get("libraries") or {}).items() if v),
     )
