@@ -28,8 +28,9 @@ def _group(config: ScreenConfig, answers: pl.DataFrame) -> pl.Expr:
 
 def pick(config: ScreenConfig, answers: pl.DataFrame) -> pl.DataFrame:
     """(group, cell_id, persona, question, sample, marker) of the answers to quote, at most two per group."""
+    design_cell = pl.all_horizontal(pl.col(f).is_not_null() for f in config.factors)  # not a centre cell's midpoint
     own = answers.filter(pl.col("is_source") & (pl.col("seed") == config.seeds.primary)
-                         & pl.col("source").is_not_null())
+                         & pl.col("source").is_not_null() & design_cell)
     if own.is_empty():
         return pl.DataFrame(schema={c: answers.schema.get(c, pl.String) for c in PICK_COLUMNS})
     own = own.with_columns(_group(config, own).alias("group"))
