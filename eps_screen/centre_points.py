@@ -22,10 +22,16 @@ import types
 import typing
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from eps_screen.config import Factor, ScreenConfig
 
 LEARNING_RATE = "training.learning_rate"
+# A factor's level in a centre cell: half-way, so that its coded value 2 * level - 1 is 0, the centre in the coded
+# units every statistic and the simulated backend compute with (a level 0 or 1 gives -1 or +1). Here, below both
+# config and design, which read it (config checks the declarations, design makes the cells).
+CENTRE = 0.5
 
 
 def count_problem(n: int) -> str | None:
@@ -52,13 +58,10 @@ def midpoint_kind(factor: Factor, path: str) -> str:
     return factor.midpoint or ("geometric" if path == LEARNING_RATE else "arithmetic")
 
 
-def integer_field(path: str) -> bool:
-    """Whether the config field at a dotted path takes integers only (lora.rank: yes; training.epochs: no)."""
-    from pydantic import BaseModel
-
-    from eps_screen.config import ScreenConfig
-
-    model: type[BaseModel] = ScreenConfig
+def integer_field(root: type[BaseModel], path: str) -> bool:
+    """Whether the field at a dotted path of the config model `root` takes integers only (lora.rank: yes;
+    training.epochs: no)."""
+    model = root
     for part in path.split("."):
         ann = model.model_fields[part].annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
@@ -71,15 +74,20 @@ def _midpoint(kind: str, low: float, high: float) -> float:
     return math.sqrt(low * high) if kind == "geometric" else (low + high) / 2
 
 
-def midpoint_sets(factor: Factor) -> dict:
+def midpoint_sets(config: ScreenConfig, factor: Factor) -> dict:
     """The fields a factor at its midpoint sets, each at the centre of its two levels' values (checked valid by
     centre_problems before any cell is made)."""
     low, high = factor.levels
     out = {}
     for path in low.sets or {}:
         value = _midpoint(midpoint_kind(factor, path), low.sets[path], high.sets[path])
-        out[path] = int(round(value)) if integer_field(path) else value
+        out[path] = int(round(value)) if integer_field(type(config), path) else value
     return out
+
+
+def centre_sets(config: ScreenConfig) -> dict:
+    """Every field the centre cells set: the recipe of a centre cell is the config with these (and held levels)."""
+    return {p: v for f in config.design.factors if centred(f) for p, v in midpoint_sets(config, f).items()}
 
 
 def centred(factor: Factor) -> bool:
@@ -89,8 +97,6 @@ def centred(factor: Factor) -> bool:
 
 def centre_levels(config: ScreenConfig) -> tuple:
     """The levels of a centre cell, in declared order: CENTRE for a numeric factor, centre_level for a held one."""
-    from eps_screen.design import CENTRE
-
     return tuple(CENTRE if centred(f) else f.centre_level for f in config.design.factors)
 
 
@@ -103,7 +109,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _factor_problems(factor: Factor, wanted: bool) -> list[str]:
+def _factor_problems(root: type[BaseModel], factor: Factor, wanted: bool) -> list[str]:
     where = f"design: factor {factor.short} ({factor.label})"
     if factor.midpoint is not None and not has_midpoint(factor):
         what = "is a treatment" if factor.levels[0].treatment else "sets a value that is not a number"
@@ -129,7 +135,7 @@ def _factor_problems(factor: Factor, wanted: bool) -> list[str]:
                             " midpoint: arithmetic")
             continue
         value = _midpoint(kind, a, b)
-        if integer_field(path) and abs(value - round(value)) > 1e-9:
+        if integer_field(root, path) and abs(value - round(value)) > 1e-9:
             other = "geometric" if kind == "arithmetic" else "arithmetic"
             alt = _midpoint(other, a, b) if other == "arithmetic" or (a > 0 and b > 0) else float("nan")
             hint = f"set midpoint: {other} ({_fmt(alt)}), " if math.isfinite(alt) and alt == round(alt) else ""
@@ -140,11 +146,10 @@ def _factor_problems(factor: Factor, wanted: bool) -> list[str]:
 
 
 def centre_problems(config: ScreenConfig) -> list[str]:
-    """Every centre-point declaration that cannot be run, one line each naming the field and the fix."""
-    from eps_screen.config import ConfigError
-
+    """Every centre-point declaration that cannot be run, one line each naming the field and the fix (whether the
+    fields take the centre values, ScreenConfig checks by building the recipe: `centre_recipe_problem`)."""
     wanted = config.design.centre_points > 0
-    problems = [p for f in config.design.factors for p in _factor_problems(f, wanted)]
+    problems = [p for f in config.design.factors for p in _factor_problems(type(config), f, wanted)]
     planted = [n for n in ("curvature", "leak_curvature") if config.simulated and getattr(config.simulation, n)]
     if not wanted:
         return problems + [f"simulation.{n}: curvature shows only in centre cells; set design.centre_points (2 or"
@@ -155,12 +160,6 @@ def centre_problems(config: ScreenConfig) -> list[str]:
     if not any(centred(f) for f in factors):
         return ["design.centre_points: every factor is held (centre_level) or has no midpoint, so a centre cell would"
                 " be a design cell; leave a numeric factor at its midpoint, or set centre_points: 0"]
-    sets = {p: v for f in factors if centred(f) for p, v in midpoint_sets(f).items()}
-    try:
-        config.with_sets(sets)
-    except ConfigError as err:
-        problems += [f"design.centre_points: the centre cells' recipe ({', '.join(f'{p}: {_fmt(v)}' for p, v in sets.items())})"
-                     f" is refused: {p}; give levels whose midpoint the field accepts" for p in err.problems]
     mid = {f.short for f in factors if centred(f)}
     for name in planted:
         for term in getattr(config.simulation, name):
@@ -170,12 +169,18 @@ def centre_problems(config: ScreenConfig) -> list[str]:
     return problems
 
 
+def centre_recipe_problem(sets: dict, refused: str) -> str:
+    """The line for a centre recipe whose value a field refuses (the field's own message: `refused`)."""
+    shown = ", ".join(f"{p}: {_fmt(v)}" for p, v in sets.items())
+    return f"design.centre_points: the centre cells' recipe ({shown}) is refused: {refused}; give levels whose midpoint the field accepts"
+
+
 def centre_recipe(config: ScreenConfig) -> list[tuple[str, str]]:
     """(factor, what the centre cells do with it) in declared order: the midpoint's values, or the held level."""
     out = []
     for f in config.design.factors:
         if centred(f):
-            values = ", ".join(f"{p} {_fmt(v)}" for p, v in midpoint_sets(f).items())
+            values = ", ".join(f"{p} {_fmt(v)}" for p, v in midpoint_sets(config, f).items())
             kinds = sorted({midpoint_kind(f, p) for p in f.paths})
             out.append((f"{f.short} ({f.label})", f"midpoint ({', '.join(kinds)}): {values}"))
         else:

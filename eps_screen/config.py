@@ -804,10 +804,8 @@ class ScreenConfig(_Strict):
             raise ValueError("gates.smoke_floor must be below gates.smoke_ceiling")
         if self.backend.generation == "simulated" and self.backend.training != "simulated":
             raise ValueError("backend.generation 'simulated' needs backend.training 'simulated' too")
-        from eps_screen.centre_points import centre_problems
-
         problems = self._level_problems() + self._simulation_problems()
-        problems += centre_problems(self) if not problems else []  # a centre recipe of bad levels says nothing new
+        problems += self._centre_problems() if not problems else []  # a centre recipe of bad levels says nothing new
         problems += [p for p in [_missing_local_model("model.base", self.model.base, self.execution.pool)] if p]
         if self.off_policy.kind == "model" and self.off_policy.model:
             problems += [p for p in [_missing_local_model("off_policy.model", self.off_policy.model,
@@ -848,6 +846,19 @@ class ScreenConfig(_Strict):
                     problem = _missing_local_model("model.base", recipe.model.base, self.execution.pool)
                     problems += [f"{where}: {problem}"] if problem else []
         return problems
+
+    def _centre_problems(self) -> list[str]:
+        """The centre cells' declarations (eps_screen/centre_points.py), then their recipe, built as a cell's is."""
+        from eps_screen.centre_points import centre_problems, centre_recipe_problem, centre_sets
+
+        problems = centre_problems(self)
+        if problems or not self.design.centre_points:
+            return problems
+        try:
+            self.with_sets(centre_sets(self))
+        except ConfigError as err:
+            return [centre_recipe_problem(centre_sets(self), p) for p in err.problems]
+        return []
 
     def _simulation_problems(self) -> list[str]:
         declared = self.design.shorts

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from eps_screen.centre_points import CENTRE, centre_levels, midpoint_sets
 from eps_screen.treatments import ANSWERS, EVALUATION, MARKER_LETTER, Condition, applied
 
 if TYPE_CHECKING:
@@ -38,11 +39,6 @@ SEARCH_MAX_FACTORS = 10
 class DesignError(ValueError):
     """A design that cannot be built, or a table that is not a two-level design (stats); the message names the field
     or column and the fix."""
-
-
-# A factor's level in a centre cell: half-way, so that its coded value 2 * level - 1 is 0, the centre in the coded
-# units every statistic and the simulated backend compute with (a level 0 or 1 gives -1 or +1).
-CENTRE = 0.5
 
 
 def coded(level: int) -> int:
@@ -407,13 +403,11 @@ class Recipe:
 def recipe_at(config: ScreenConfig, levels: dict[str, int]) -> Recipe:
     """The recipe at these levels (by short name); factors not named stay at the config's own values, a factor at
     CENTRE takes its midpoint values."""
-    from eps_screen.centre_points import midpoint_sets
-
     sets: dict = {}
     names = []
     for f in config.design.factors:
         if f.short in levels and levels[f.short] == CENTRE:
-            sets.update(midpoint_sets(f))
+            sets.update(midpoint_sets(config, f))
         elif f.short in levels:
             level = f.levels[levels[f.short]]
             sets.update(level.sets or {})
@@ -507,8 +501,6 @@ def slab_cells(config: ScreenConfig, source: str) -> list[Cell]:
 
 def centre_cells(config: ScreenConfig, source: str) -> list[Cell]:
     """design.centre_points cells of a source, replicate i at seed primary + i: one recipe, trained again."""
-    from eps_screen.centre_points import centre_levels
-
     if not config.design.centre_points:
         return []
     levels = centre_levels(config)

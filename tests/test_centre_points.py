@@ -40,15 +40,15 @@ def _factor(short, label, low, high, **extra):
 def test_the_midpoint_is_geometric_for_the_learning_rate_and_arithmetic_otherwise_unless_declared():
     config = load_config(CONFIGS / "sim-centre.yaml")
     f = config.factors
-    assert midpoint_sets(f["A"]) == {"training.learning_rate": pytest.approx(math.sqrt(1e-5 * 1e-4))}  # 3.16e-5
-    assert midpoint_sets(f["B"]) == {"lora.rank": 16} and isinstance(midpoint_sets(f["B"])["lora.rank"], int)  # declared
-    assert midpoint_sets(f["C"]) == {"training.epochs": 2.0}
-    assert midpoint_sets(f["D"]) == {"data.positives": 150}
+    assert midpoint_sets(config, f["A"]) == {"training.learning_rate": pytest.approx(math.sqrt(1e-5 * 1e-4))}  # 3.16e-5
+    assert midpoint_sets(config, f["B"]) == {"lora.rank": 16} and isinstance(midpoint_sets(config, f["B"])["lora.rank"], int)  # declared
+    assert midpoint_sets(config, f["C"]) == {"training.epochs": 2.0}
+    assert midpoint_sets(config, f["D"]) == {"data.positives": 150}
     factors = copy.deepcopy(SIM_CENTRE["design"]["factors"])
     factors[0]["midpoint"], factors[1]["midpoint"] = "arithmetic", "arithmetic"
     declared = _config(factors=factors).factors
-    assert midpoint_sets(declared["A"])["training.learning_rate"] == pytest.approx(5.5e-5)
-    assert midpoint_sets(declared["B"]) == {"lora.rank": 20}
+    assert midpoint_sets(config, declared["A"])["training.learning_rate"] == pytest.approx(5.5e-5)
+    assert midpoint_sets(config, declared["B"]) == {"lora.rank": 20}
 
 
 def test_a_centre_cell_trains_the_midpoint_recipe_with_the_held_treatment():
