@@ -91,15 +91,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--screens", type=int, default=400, help="simulated screens per scenario")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="which plantings, comma-separated")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     started = time.perf_counter()
+    chosen = {name: SCENARIOS[name] for name in args.scenarios.split(",")}
     out = {"command": f"benchmarks/centre_study.py --screens {args.screens} --workers {args.workers}"
+                      + (f" --scenarios {args.scenarios}" if list(chosen) != list(SCENARIOS) else "")
                       + (f" --json {args.json}" if args.json else ""),
            "date": dt.date.today().isoformat(), "machine": platform.platform(), "screens": args.screens,
            "alpha": 1 - config_for(1.0).bootstrap.ci, "scenarios": {}}
     with ProcessPoolExecutor(args.workers) as pool:
-        for name, scale in SCENARIOS.items():
+        for name, scale in chosen.items():
             runs = list(pool.map(one_screen, [(scale, i) for i in range(args.screens)], chunksize=8))
             keys = list(runs[0]["tests"])
             truths = [r["truth"] for r in runs]

@@ -68,7 +68,7 @@ def _rows(root: Path, screen: str) -> list[dict]:
         row["key"] = row["key"] or path.parent.name
         row |= {"screen": screen, "levels": level_code(cell.factors, cell.levels),
                 "current": None if config is None else cell_key(config, cell) == row["key"]}
-        row |= dict(zip(cell.factors, cell.levels))
+        row |= cell.row_levels  # a centre cell's midpoint is no level 0 or 1: left empty, as in its answers
         row |= _cost(priced.get((cell.id, row["key"])), metrics)
         rows.append(row)
     return rows

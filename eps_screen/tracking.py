@@ -35,7 +35,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell
+from eps_screen.design import Cell, level_symbol
 from eps_screen.store import ResultStore, cell_key
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ def _flat(prefix: str, value) -> dict[str, str]:
 def _params(cell: Cell, recipe: dict) -> dict[str, str]:
     """A child run's params: the cell, each declared factor's level, and its recipe (pipeline._recipe_record)."""
     params = {"cell_id": cell.id, "source": cell.source, "seed": str(cell.seed)}
-    params.update((f"factor.{f}", str(level)) for f, level in zip(cell.factors, cell.levels, strict=True))
+    params.update((f"factor.{f}", level_symbol(level)) for f, level in zip(cell.factors, cell.levels, strict=True))
     for section, value in recipe.items():
         params.update(_flat(f"recipe.{section}", value))
     return params

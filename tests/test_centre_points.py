@@ -334,3 +334,7 @@ def test_the_screen_flow_runs_the_centre_cells_in_the_slab_phase(tmp_path):
     report = json.loads((screen_dir / "report" / "aggregate_metrics.json").read_text())
     pooled = [t for t in report["curvature"] if t["source"] == "pooled"]
     assert [t["detected"] for t in pooled] == [True, True] and report["coverage"]["factorial_cells"] == 48
+    from eps_screen.results_table import results_table
+
+    table = results_table(tmp_path).filter(results_table(tmp_path)["cell_id"] == "surgeon-AcBcCcDcE0-s44")
+    assert table.select("levels", "A", "E").row(0) == ("AcBcCcDcE0", None, 0)  # no midpoint written as a level
