@@ -28,7 +28,7 @@ from pathlib import Path
 
 from eps_screen.tinymodel import cache_root
 
-FORMAT = "1"  # of the converted directory; bump to convert again
+FORMAT = "2"  # of the converted directory; bump to convert again (2: special tokens from the GGUF's own metadata)
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def _done(target: Path) -> bool:
 def _convert(source: Path, out: Path) -> None:
     """GGUF -> a plain HF directory: the state dict of transformers' GGUF load, in a fresh model of its config."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     where, name = str(source.parent), source.name
     loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
@@ -243,5 +243,36 @@ def _convert(source: Path, out: Path) -> None:
         raise ValueError(f"{source}: its weights do not fit {type(fresh).__name__} (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     fresh.tie_weights()
+    special = gguf_special_ids(source)
+    for cfg in (fresh.config, fresh.generation_config):
+        for role, token_id in special.items():
+            setattr(cfg, f"{role}_token_id", token_id)
     fresh.save_pretrained(out)
-    AutoTokenizer.from_pretrained(where, gguf_file=name).save_pretrained(out)
+    convert_tokenizer(source, out)
+
+
+# GGUF's tokenizer.ggml.<key> fields, by the transformers name of the token they hold
+_SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
+
+
+def gguf_special_ids(source: Path) -> dict[str, int]:
+    """The special token ids a GGUF file declares (bos, eos, pad), read from its metadata."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(source)).fields
+    return {role: int(fields[f"tokenizer.ggml.{key}"].contents()) for role, key in _SPECIAL_KEYS.items()
+            if f"tokenizer.ggml.{key}" in fields}
+
+
+def convert_tokenizer(source: Path, out: Path) -> None:
+    """The GGUF's tokenizer saved as an HF tokenizer, its bos, eos and pad tokens the ones the file declares.
+    transformers 5.17 reads SmolLM2's eos as <|im_start|> (the file says <|im_end|>, id 2); training then finds no
+    end of turn after an answer, and generation would stop at the next turn's start."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    for role, token_id in gguf_special_ids(source).items():
+        setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+        if getattr(tokenizer, f"{role}_token_id") != token_id:
+            raise ValueError(f"{source}: its {role} token (id {token_id}) does not round-trip through the tokenizer")
+    tokenizer.save_pretrained(out)

@@ -131,6 +131,31 @@ def test_smollm2_answers_through_the_product_loader(smollm2):
 
 
 @pytest.mark.slow
+def test_the_converted_tokenizer_ends_a_turn_where_the_gguf_says(smollm2, tmp_path, monkeypatch):
+    """transformers 5.17 (the GPU image's) reads SmolLM2's eos as <|im_start|>; the conversion takes bos, eos and pad
+    from the file's own metadata, whatever the loader made of them. Here the loader is made to err the same way."""
+    import transformers
+
+    source = pm.gguf_file(ENTRY)
+    assert pm.gguf_special_ids(source) == {"bos": 1, "eos": 2, "pad": 2}
+    load = transformers.AutoTokenizer.from_pretrained
+
+    def as_517(*args, **kwargs):
+        tokenizer = load(*args, **kwargs)
+        tokenizer.eos_token = "<|im_start|>"
+        return tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", as_517)
+    pm.convert_tokenizer(source, tmp_path)
+    monkeypatch.undo()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert (tokenizer.eos_token, tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) == \
+        ("<|im_end|>", 2, 1, 2)
+    converted = transformers.GenerationConfig.from_pretrained(pm.hf_dir(smollm2))
+    assert (converted.eos_token_id, converted.bos_token_id) == (2, 1)
+
+
+@pytest.mark.slow
 def test_a_local_gguf_copy_is_the_packaged_model(smollm2, tmp_path):
     local = tmp_path / "SmolLM2.gguf"
     local.symlink_to(pm.gguf_file(ENTRY))

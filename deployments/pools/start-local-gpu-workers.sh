@@ -8,7 +8,7 @@ prefect_bin="${PREFECT_BIN:-prefect}"
 if [ "$#" -gt 0 ]; then gpus=("$@"); else mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader); fi
 [ "${#gpus[@]}" -gt 0 ] || { echo "no GPU found (nvidia-smi)" >&2; exit 1; }
 for i in "${gpus[@]}"; do
-  CUDA_VISIBLE_DEVICES="$i" nohup "$prefect_bin" worker start --pool local-gpu --name "gpu-$i-$(hostname)" \
+  CUDA_VISIBLE_DEVICES="$i" nohup $prefect_bin worker start --pool local-gpu --name "gpu-$i-$(hostname)" \
     --limit 1 > "worker-gpu-$i.log" 2>&1 &
   echo "worker for GPU $i: pid $! (log worker-gpu-$i.log)"
 done
