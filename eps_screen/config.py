@@ -491,12 +491,6 @@ class EvalConfig(_Strict):
         description="GPU, vLLM: evaluate a cell by merging its adapter into the engine's weights for the call (base-model"
                     " speed) instead of serving it through LoRA kernels; bf16 rounding differs slightly from LoRA serving.")
     vllm_max_num_seqs: int | None = Field(None, ge=1, description="Requests decoded together by vLLM (None: vLLM's default).")
-    vllm_seed_per_answer: bool = Field(
-        True,
-        description="vLLM: a seed of its own for every answer, so an answer never depends on what else shares its"
-        " batch. vLLM draws such answers' tokens one request at a time, a Python loop per decoding step that bounds a"
-        " small model's speed; false seeds each engine call instead (the same call gives the same answers; an answer"
-        " depends on the call it was in). The answers differ, so it is part of the store keys when false.")
     vllm_cudagraph_max_batch: int | None = Field(
         1024, ge=1,
         description="GPU: the largest batch vLLM runs as a CUDA graph. vLLM alone stops at 512, so its 1,024-sequence "

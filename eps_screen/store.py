@@ -63,8 +63,7 @@ _SPEED_ONLY = {
 
 # Fields added after stores existed: at these values they stay out of the key, so a store's finished cells keep
 # the keys they were stored under.
-_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto", "vllm_quantization": "none"},
-                     "eval": {"vllm_seed_per_answer": True}}
+_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto", "vllm_quantization": "none"}}
 
 
 def _digest(payload: dict) -> str:
@@ -125,8 +124,6 @@ def _cell_key(config: ScreenConfig, cell: Cell) -> str:
 def _regime_key(config: ScreenConfig, regime: Regime) -> str:
     resolved = design.regime_recipe(config, regime).config
     payload = {**_inputs(resolved, _REGIME_INPUTS), "regime": regime.id, "eval": None}
-    if not resolved.eval.vllm_seed_per_answer:  # the answer sets are sampled that way too
-        payload["seed_per_answer"] = False
     if is_tiny(resolved.model.base) and resolved.marker != CONTAMINATION_MARKER:
         payload["tiny_build"] = resolved.marker  # the tiny model is built for the marker (eps_screen.tinymodel)
     extra = design.key_treatments(config, design.regime_levels(config, regime))

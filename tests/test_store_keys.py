@@ -49,13 +49,6 @@ def test_what_changes_the_answers_changes_the_keys():
     assert cell_key(qwen7b_config(off_policy={"vllm_quantization": "none"}), CELL) == cell_key(model, CELL)
     assert cell_key(qwen7b_config(), CELL) == cell_key(eight_bits, CELL)  # as shipped: 8 bits
 
-    # a seed per engine call instead of per answer samples other answers, the answer sets' too; the default (added
-    # later) keeps the keys stores hold
-    per_call = qwen7b_config(eval={"vllm_seed_per_answer": False})
-    per_answer = qwen7b_config(eval={"vllm_seed_per_answer": True})
-    assert cell_key(per_answer, CELL) == cell_key(qwen7b_config(), CELL) != cell_key(per_call, CELL)
-    assert regime_key(per_call, regime_of(per_call, CELL)) != regime_key(per_answer, regime_of(per_answer, CELL))
-
 
 def test_answers_missing_from_the_store_get_no_cache_key(tmp_path):
     """A fresh-clone CI run met it: a store made again at a path an earlier run had used, Prefect's cached result

