@@ -153,7 +153,12 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
             figures = {k: new.get(id(f), f) for k, f in figures.items()}
             train_rate, gen_rate, base_rate = scaled.train, scaled.generate, scaled.answers
             notes += scaled.notes
-        pod = figure("assumed/pod-startup").value
+        # a local-gpu job starts a process on a machine that is up; a pod must start, pull and download first
+        local = config.execution.pool == "local-gpu"
+        job_start = figure("start/local-gpu-job" if local else "assumed/pod-startup")
+        if local:
+            figures["local-gpu job start"] = job_start
+        pod = job_start.value
         startup_s = pod
         pre_screen_skips = 0.0  # the pre-screen's job trains nothing: nothing compiles, its engine never sleeps
         if vllm and not override:
@@ -177,8 +182,9 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
         pre_screen_startup_s = startup_s - pre_screen_skips
         n_jobs = gpu_jobs(config, n_multi, dispatches=work.dispatches)
         best = fewest_jobs_cells_per_job(config, n_multi, work.dispatches)
-        notes.append(f"per GPU job {startup_s:.0f} s of start-up ({pod} s of it pod start and model"
-                     f" download, assumed; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
+        began = ("the job's process, imports and base model, measured on the local-gpu pool" if local
+                 else "pod start and model download, assumed")
+        notes.append(f"per GPU job {startup_s:.0f} s of start-up ({pod:.0f} s of it {began}; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
                      f" compile warm-up or engine sleep); {n_jobs} jobs of up to execution.cells_per_job="
                      f"{config.execution.cells_per_job} cells")
         if best > config.execution.cells_per_job:

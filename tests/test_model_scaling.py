@@ -40,7 +40,8 @@ def test_a_local_small_llama_is_estimated_from_its_own_shape(tmp_path):
     for c in ("A0B0", "A1B0", "A0B1", "A1B1"):
         gen = small.figures[f"generate {c} (vLLM, lora adapter)"]["value"]
         assert gen == max(lora, seven.figures[f"generate {c} (vLLM, lora adapter)"]["value"]), c
-        assert small.figures[f"answers {c} (vLLM, no adapter)"]["value"] == base
+        assert small.figures[f"answers {c} (vLLM, no adapter)"]["value"] == max(
+            base, seven.figures[f"answers {c} (vLLM, no adapter)"]["value"]), c
     # training: a long cell at the small model's step time, a short one no slower than the 7B's
     step_s = figure("anchor/smollm2-h100/train").value / (600 * 3 / 16)
     long = small.figures["train A0B1 (padfree+fused+compile)"]
