@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from eps_screen import design, wall_clock
-from eps_screen.config import ScreenConfig
+from eps_screen.config import ScreenConfig, is_tiny
 from eps_screen.figures import Figure, figure
 from eps_screen.generation_rates import transformers_rates, vllm_rates
 from eps_screen.job.memory import REFERENCE_PARAMS
@@ -82,6 +82,10 @@ def _off_policy_rates(config: ScreenConfig, answer_rate: dict, off_rate: dict | 
     the one measured: the measured 32B-shaped figures, else the base model's scaled by parameter count."""
     if config.off_policy.kind != "model" or not config.off_policy.model or tiny:
         return answer_rate, 1.0
+    if is_tiny(config.off_policy.model):
+        notes.append(f"off-policy answers from {config.off_policy.model} (a tiny model eps-screen builds): at the base"
+                     " model's answer speed, a bound (its engine's per-step work is no more)")
+        return answer_rate, 1.0
     off_params = model_params(config.off_policy.model)
     measured = figure("shape/off-policy-measured").value
     if off_rate is not None:
@@ -115,7 +119,7 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
     prescreen_tokens = work.pre_screen_tokens
 
     # --- the rates ----------------------------------------------------------------------------------------------
-    base_rate = off_rate = None
+    base_rate = off_rate = base_engine_start = None
     vllm = override = False
     if tiny:
         hardware, tail = "CPU", 1.0
@@ -169,6 +173,7 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
                 sleep = Figure(sleep.value * scaled.sleep_factor, sleep.unit, sleep.source,
                                     f"the 7B's x{scaled.sleep_factor:.2f} by the weights' size")
             figures["vLLM engine start"], figures["first engine sleep"] = start, sleep
+            base_engine_start = start
             startup_s += start.value + sleep.value
             pre_screen_skips += sleep.value
             if not config.execution.engine_cache_dir:
@@ -219,6 +224,9 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
     fp8 = "-fp8" if config.off_policy.vllm_quantization == "fp8" else ""
     off_cold, off_warm = figure(f"start/off-policy{fp8}-cold"), figure(f"start/off-policy{fp8}-warm")
     off_start = off_warm if config.execution.engine_cache_dir else off_cold
+    tiny_off = config.off_policy.kind == "model" and is_tiny(config.off_policy.model or "")
+    if tiny_off and base_engine_start is not None:  # a tiny model's engine: started as the base model's is
+        off_start = base_engine_start
     process, aside = figure("start/off-policy-process"), figure("start/base-aside")
     if off_starts:
         figures["off-policy engine start"] = off_start
@@ -227,14 +235,15 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
         notes.append(f"{off_starts} of the {jobs} jobs start the off-policy model's engine too (the multi-seed jobs"
                      " counted as all needing it)")
         weights_gb = 2 * (model_params(config.off_policy.model) or figure("shape/off-policy-measured").value) / 1e9
-        notes.append(f"not counted: fetching the off-policy model's ~{weights_gb:.0f} GB of weights in each of those"
-                     f" {off_starts} jobs (its measured start made random weights on the GPU; the assumed pod start"
-                     " covers the base model's download only; with a network volume they come from HF_HOME there)")
+        if not tiny_off:  # a tiny model is built where it runs: nothing to fetch
+            notes.append(f"not counted: fetching the off-policy model's ~{weights_gb:.0f} GB of weights in each of those"
+                         f" {off_starts} jobs (its measured start made random weights on the GPU; the assumed pod start"
+                         " covers the base model's download only; with a network volume they come from HF_HOME there)")
     # what a job pays for starting that engine
     off_job_s = off_start.value + process.value + aside.value
     if not tiny and not override and vllm and config.execution.engine_cache_dir:
-        once = cold.value - warm.value + (
-            off_cold.value - off_warm.value if off_starts else 0)
+        off_once = cold.value - warm.value if tiny_off else off_cold.value - off_warm.value
+        once = cold.value - warm.value + (off_once if off_starts else 0)
         notes.append(f"engine starts counted warm (execution.engine_cache_dir); while that directory is still empty"
                      f" the first start of each engine compiles: about {once:.0f} s more, once")
     hours = {

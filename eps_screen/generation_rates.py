@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from eps_screen import design
-from eps_screen.config import ScreenConfig
+from eps_screen.config import ScreenConfig, is_tiny
 from eps_screen.figures import RESULTS, Figure, entries, entry, figure, keyed
 from eps_screen.generation.transformers_backend import batch_spans
 from eps_screen.job.training import by_stage, stage_split, trains_together
@@ -124,7 +124,7 @@ def vllm_rates(config: ScreenConfig, work: ScreenWork, figures: dict, notes: lis
         off_kinds[off_kind] = None
         figures[f"generate {c} (vLLM, {path} adapter)"] = gen[c]
         figures[f"answers {c} (vLLM, no adapter)"] = base[c]
-        if off[c] and config.off_policy.kind == "model":
+        if off[c] and config.off_policy.kind == "model" and not is_tiny(config.off_policy.model or ""):
             figures[f"off-policy answers {c} (vLLM, {OFF_POLICY_LABELS[off_kind]})"] = off[c]
     notes.append("vLLM figures at qwen7b.yaml's sizes on random weights, answers forced to "
                  f"{ANSWER_TOKENS[0]}/{ANSWER_TOKENS[1]} tokens (benchmarks/gpu_full_size_bench.py)")

@@ -665,3 +665,17 @@ def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_t
     assert back["off_policy.vllm_quantization: fp8"].gpu_hours == pytest.approx(shipped.gpu_hours)
     jsonl = config.model_copy(update={"off_policy": config.off_policy.model_copy(update={"kind": "jsonl", "path": "a.jsonl"})})
     assert off_policy_choices(jsonl) == {} and off_policy_choices(load_config(CONFIGS / "tiny.yaml")) == {}
+
+
+def test_a_tiny_off_policy_model_is_priced_as_the_base_models_answers_not_the_32b():
+    """smol-marker.yaml's off-policy answers come from tiny-alt: its answer sets at the base model's answer speed
+    and its engine started as the base model's, never at the 32B-shaped off-policy figures."""
+    config = load_config(CONFIGS / "smol-marker.yaml")
+    est = estimate(config)
+    assert not [k for k in est.figures if k.startswith("off-policy answers")]
+    assert est.figures["off-policy engine start"] == est.figures["vLLM engine start"]
+    assert any("tiny-alt (a tiny model eps-screen builds)" in n for n in est.notes)
+    assert not any("fetching the off-policy model" in n for n in est.notes)
+    on_file = estimate(config.with_sets({"off_policy.kind": "jsonl", "off_policy.path": str(ROOT / "README.md")}))
+    # answer sets: the off-policy half costs what the on-policy half does, at most
+    assert est.hours["regimes"] <= 2.05 * on_file.hours["regimes"]
