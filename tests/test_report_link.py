@@ -49,3 +49,32 @@ def test_an_address_the_user_chose_and_an_object_url_are_printed_as_given(store,
     url = report_url("s3://bucket/prefix", "mine")
     assert shown_link(url, page) == f"{url} ({page})"
     assert shown_link(None, page).startswith(f"{page} (")
+
+
+def test_serving_a_store_that_is_not_there_says_so_and_serves_the_rest(tmp_path, monkeypatch, capsys):
+    """`eps-screen serve --store TYPO`: one line naming the missing directory, then the server still starts (the
+    registered stores are served, and this one once a screen writes it)."""
+    from types import SimpleNamespace
+
+    from flows.cli import serve as serve_cli
+
+    started = []
+
+    class Server:
+        server_address = ("127.0.0.1", 1)
+
+        def serve_forever(self):
+            started.append(True)
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            pass
+
+    monkeypatch.setattr(serve_cli, "make_server", lambda *args: Server())
+    missing = tmp_path / "no-such-store"
+    assert serve_cli.run(SimpleNamespace(store=str(missing), host="127.0.0.1", port=0)) == 0
+    err = capsys.readouterr().err
+    assert f"no store at {missing}" in err and started
+    missing.mkdir()
+    assert serve_cli.run(SimpleNamespace(store=str(missing), host="127.0.0.1", port=0)) == 0
+    assert "no store" not in capsys.readouterr().err
