@@ -167,7 +167,7 @@ def logit_sensitivity(
             tstat = effect / se
         p = 2 * stdtr(df, -np.abs(tstat))
         half = stdtrit(df, 1 - (1 - ci) / 2) * se
-        p_holm = holm_exploratory(est.terms, est.pre_registered, p)
+        p_holm = holm_exploratory(est.terms, est.pre_registered, p, est.aliased)
         for i, term in enumerate(est.terms):
             name = term_name(term)
             rate = est.find(response, name)

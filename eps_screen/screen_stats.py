@@ -60,6 +60,7 @@ from eps_screen.stats import (
     percentile_ci,
     rate_ci,
     resample_counts,
+    same_contrast,
     term_columns,
     term_name,
     weighted_ratio,
@@ -111,6 +112,7 @@ class ScreenEffects:
     factors: tuple[str, ...] = ()
     terms: list[tuple[str, ...]] = field(default_factory=list)  # the reported terms, mains first
     pre_registered: tuple[str, ...] = ()  # the pre-registered interactions ("A:B")
+    aliased: tuple[int, ...] = ()  # per term, the first term of the same contrast (stats.same_contrast)
     # (response, source, stat) -> (observed per term, resamples per term x B)
     draws: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     widen: dict[str, float] = field(default_factory=dict)  # response -> few-clusters factor of its CIs
@@ -193,9 +195,10 @@ def screen_effects(
     n_clusters = {"SR": n_q, "LR": n_p}
     train_rng = np.random.default_rng([config.bootstrap.seed, 1])  # its own stream: the cluster draws stay as they were
     # the scheme names the training-run SDs, known only after the loop: set at the end
-    result = ScreenEffects(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen,  # type: ignore[arg-type]
-                             factors=factors, terms=terms, pre_registered=pre_registered)
     coded = 2.0 * levels - 1.0
+    result = ScreenEffects(sources=sources, estimates=[], ab_means=[], scheme=None, widen=widen,  # type: ignore[arg-type]
+                             factors=factors, terms=terms, pre_registered=pre_registered,
+                             aliased=same_contrast(coded, factors, terms))
     pair = _pair(factors, pre_registered)
 
     for response in RESPONSES:
@@ -344,7 +347,7 @@ def _records(config, est: ScreenEffects, response, source, stats, counts, partia
     cis = {stat: (rate_ci if stat in RATE_STATS else percentile_ci)(boot, ci, obs, widen)
            for stat, (obs, boot) in stats.items()}
     p_values = bootstrap_p(stats["effect"][1], stats["effect"][0], widen)
-    p_holm = holm_exploratory(est.terms, est.pre_registered, p_values)
+    p_holm = holm_exploratory(est.terms, est.pre_registered, p_values, est.aliased)
     out = []
     for i, term in enumerate(est.terms):
         name = term_name(term)

@@ -314,12 +314,32 @@ def holm(p: Sequence[float] | np.ndarray) -> np.ndarray:
     return out
 
 
-def holm_exploratory(terms: list[tuple[str, ...]], pre_registered: tuple[str, ...], p_values: np.ndarray) -> np.ndarray:
-    """Holm-adjusted p-values of the exploratory interactions (those not pre-registered; NaN at every other term)."""
+def same_contrast(coded: np.ndarray, factors: Sequence[str], terms: list[tuple[str, ...]]) -> tuple[int, ...]:
+    """For each term, the first term whose contrast column over these cells (coded -1/+1, one column per factor) is
+    the same up to sign: aliased with it in a fraction, so one estimate and one test. Itself where none is."""
+    col = {f: i for i, f in enumerate(factors)}
+    seen: dict[bytes, int] = {}
+    out = []
+    for i, term in enumerate(terms):
+        c = np.prod(coded[:, [col[f] for f in term]], axis=1) if len(coded) else np.zeros(0)
+        key = (c * (np.sign(c[0]) if c.size and c[0] else 1)).round(9).tobytes()
+        out.append(seen.setdefault(key, i))
+    return tuple(out)
+
+
+def holm_exploratory(terms: list[tuple[str, ...]], pre_registered: tuple[str, ...], p_values: np.ndarray,
+                     aliased: Sequence[int] = ()) -> np.ndarray:
+    """Holm-adjusted p-values of the exploratory interactions (those not pre-registered; NaN at every other term).
+    `aliased` (same_contrast): interactions that share one contrast in a fraction are one test in the family, and
+    each gets that test's adjusted p."""
     out = np.full(len(terms), np.nan)
-    family = np.array([i for i, t in enumerate(terms) if len(t) == 2 and term_name(t) not in pre_registered], dtype=int)
-    if family.size:
-        out[family] = holm(np.asarray(p_values)[family])
+    family = [i for i, t in enumerate(terms) if len(t) == 2 and term_name(t) not in pre_registered]
+    rep = {i: (aliased[i] if aliased else i) for i in family}
+    tests = sorted(set(rep.values()))
+    if tests:
+        adjusted = dict(zip(tests, holm(np.asarray(p_values)[tests]), strict=True))
+        for i in family:
+            out[i] = adjusted[rep[i]]
     return out
 
 
