@@ -244,12 +244,13 @@ def test_curvature_per_source_and_pooled_by_hand():
 # --- the shipped simulated screen -------------------------------------------------------------------------------
 
 
-def _screen(tmp_path, **simulation):
+def _screen(tmp_path, design_fields=None, **simulation):
     from eps_screen.aggregate import aggregate
     from eps_screen.panels import load_panels
     from eps_screen.simulate import simulate_screen
 
     data = copy.deepcopy(SIM_CENTRE)
+    data["design"].update(design_fields or {})
     data["simulation"].update(simulation)
     data["bootstrap"] = {"resamples": 500}
     config = parse_config(data)
@@ -313,6 +314,46 @@ def test_the_page_has_a_curvature_section_with_its_verdicts(tmp_path):
     answers = simulate_screen(other, cells, load_panels().eval_personas(other.sources, other.eval.personas))
     aggregate(other, answers, [c.id for c in cells], tmp_path / "none")
     assert 'id="curvature"' not in (tmp_path / "none" / "clean_result.html").read_text()
+
+
+def _tldr_and_curvature_rows(page: str) -> tuple[str, dict]:
+    """The page's TL;DR as a reader sees it, and its curvature table's pooled rows by response (none without one)."""
+    from tests.test_report_explains import Tables
+    from tests.test_report_what_ran import visible
+
+    start = page.index(">", page.index('id="tldr"')) + 1
+    tldr = " ".join(visible(page[start:page.index("</p>", start)]).split())
+    parser = Tables()
+    parser.feed(page)
+    table = next((t for t in parser.tables if t[0][:2] == ["response", "source"] and "curvature" in t[0]), None)
+    rows = {} if table is None else {r[0]: dict(zip(table[0], r, strict=True)) for r in table[1:] if r[1] == "pooled"}
+    return tldr, rows
+
+
+def test_the_tldr_says_whether_each_response_curves_in_the_tables_words(tmp_path):
+    """Planted curvature: the TL;DR says SR and LR curve, with the pooled curvature and CI exactly as the curvature
+    table writes them; none planted: not detected, the same numbers; no centre points: not a word on curvature."""
+    names = {"SR": "source rate", "LR": "leakage"}
+    for case, detected in (("planted", True), ("flat", False)):
+        flat = {} if detected else {"curvature": {}, "leak_curvature": {}}
+        config, result = _screen(tmp_path / case, **flat)
+        text, rows = _tldr_and_curvature_rows((tmp_path / case / "clean_result.html").read_text())
+        assert set(rows) == {"SR", "LR"}
+        for response, row in rows.items():
+            assert row["verdict"] == ("curves" if detected else "not detected"), row
+            numbers = f"{row['curvature']} (95% CI {row['95% CI']}, pooled over sources)"
+            said = f"{names[response]} curves, " if detected else f"not detected on {names[response]}, "
+            assert said + numbers in text, (said + numbers, text)
+        assert text.count("Curvature at the centre points: ") == 1
+        assert ("its main effects describe the ends of the factors' ranges, not their middle" in text) is detected
+    from eps_screen.report.tldr import tldr
+
+    result.metrics.curvature.clear()  # centre points declared, no centre cell aggregated yet
+    assert "The centre cells have no curvature test yet: it needs 2 centre cells" in tldr(config, result)
+    _, result = _screen(tmp_path / "none", {"centre_points": 0}, curvature={}, leak_curvature={})
+    text, rows = _tldr_and_curvature_rows((tmp_path / "none" / "clean_result.html").read_text())
+    assert not rows and not result.metrics.curvature and text.startswith("TL;DR. This screen simulated 48 LoRA")
+    assert not any(w in text.lower() for w in ("curv", "centre")), text
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -1,4 +1,4 @@
-"""clean_result.html in a real browser (headless Chromium): no console errors, the figures drawn, the half-normal plots' labels apart, design collapsed.
+"""clean_result.html in a real browser (headless Chromium): no console errors, the figures drawn, the half-normal plots' labels apart, design collapsed, a centre-point page's curvature section shown.
 
 How: the page is copied with a small recorder script put first in <head> (it collects uncaught errors,
 failed resource loads and console.error calls, and after load writes what it found, plus what plotly drew,
@@ -19,15 +19,17 @@ from pathlib import Path
 import pytest
 
 from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig
+from eps_screen.config import ScreenConfig, load_config
 from eps_screen.design import all_slab_cells
 from eps_screen.simulate import simulate_screen
+from tests.conftest import CONFIGS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install -y chromium)")]
 
 FIGURES = ("factor_ranking", "ab_interaction", "persona_heatmap")
+REVIEWER_SECTIONS = ("simple-effects", "logit-sensitivity", "caveats", "recipe")
 WINDOW = (1280, 800)  # a laptop's browser window: the size the page is read at
 
 RECORDER = """<script>
@@ -53,16 +55,26 @@ RECORDER = """<script>
         } : null;
       });
       var sections = {};
-      ['simple-effects', 'logit-sensitivity', 'caveats', 'recipe'].forEach(function (id) {
-        var h = document.getElementById(id), text = '', tables = 0, visible = false;
+      ['simple-effects', 'logit-sensitivity', 'caveats', 'recipe', 'curvature'].forEach(function (id) {
+        var h = document.getElementById(id), text = '', tables = 0, visible = false, rows = [], figures = 0;
         if (h) {
           visible = h.getBoundingClientRect().height > 0;
           for (var n = h.nextElementSibling; n && n.tagName !== 'H2' && n.tagName !== 'DETAILS'; n = n.nextElementSibling) {
             text += ' ' + n.innerText;
-            tables += n.tagName === 'TABLE' ? 1 : n.querySelectorAll('table').length;
+            var found = n.tagName === 'TABLE' ? [n] : Array.prototype.slice.call(n.querySelectorAll('table'));
+            tables += found.length;
+            figures += n.querySelectorAll('svg.main-svg').length;
+            // each body row's cells as drawn, and whether the row takes up room on the page
+            found.forEach(function (t) {
+              t.querySelectorAll('tbody tr').forEach(function (tr) {
+                rows.push({cells: Array.prototype.map.call(tr.querySelectorAll('td'), function (td) { return td.innerText; }),
+                           visible: tr.getBoundingClientRect().height > 0});
+              });
+            });
           }
         }
-        sections[id] = h ? {heading: h.innerText, visible: visible, tables: tables, text: text} : null;
+        sections[id] = h ? {heading: h.innerText, visible: visible, tables: tables, rows: rows, figures: figures,
+                            text: text} : null;
       });
       // every tick label's box, by figure, subplot and axis: what a reader must be able to tell apart
       var ticks = {};
@@ -128,15 +140,27 @@ def console_errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line and re.search(r"error|uncaught", line, re.I)]
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    config = ScreenConfig(bootstrap={"resamples": 500})
+def _render(config: ScreenConfig, tmp_path_factory) -> tuple[str, dict, str, str]:
+    """A screen aggregated from simulated answers (seconds: no flow, nothing trained), its page run in Chromium."""
     cells = all_slab_cells(config)
     out = tmp_path_factory.mktemp("report")
     aggregate(config, simulate_screen(config, cells), [c.id for c in cells], out)
     page = (out / "clean_result.html").read_text(encoding="utf-8")
     report, dom, stderr = run_in_chromium(page, tmp_path_factory.mktemp("chromium"))
     return page, report, dom, stderr
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return _render(ScreenConfig(bootstrap={"resamples": 500}), tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def rendered_centre(tmp_path_factory):
+    """sim-centre.yaml's page: 4 centre cells per source, curvature planted on SR and LR."""
+    config = load_config(CONFIGS / "sim-centre.yaml")
+    return _render(config.model_copy(update={"bootstrap": config.bootstrap.model_copy(update={"resamples": 500})}),
+                   tmp_path_factory)
 
 
 def test_no_console_errors(rendered):
@@ -214,7 +238,8 @@ def test_reviewer_sections_render(rendered):
     tables (tests/test_report_review.py checks the same content on the HTML string, without a browser)."""
     _, report, _, _ = rendered
     sections = report["sections"]
-    assert all(sections[s] and sections[s]["visible"] for s in sections), sections
+    assert all(sections[s] and sections[s]["visible"] for s in REVIEWER_SECTIONS), sections
+    assert sections["curvature"] is None  # no centre points, no section (the centre-point page has one: below)
     simple, logit = sections["simple-effects"], sections["logit-sensitivity"]
     assert simple["heading"] == "Simple effects: A at each level of B" and simple["tables"] == 1
     assert "A's effect [CI]" in simple["text"] and "B0:" in simple["text"] and "B1:" in simple["text"]
@@ -227,6 +252,28 @@ def test_reviewer_sections_render(rendered):
         assert needle in caveats, needle
     recipe = sections["recipe"]
     assert recipe["tables"] == 1 and "rank 32, alpha 64" in recipe["text"] and "temperature 1.0" in recipe["text"]
+
+
+def test_the_centre_point_page_shows_its_curvature_section(rendered_centre):
+    """sim-centre.yaml (issue 44, item 4): the curvature section's heading and both verdicts are on screen, its table
+    drawn with a row per response for each source and pooled, on a page with no errors. The section has no figure."""
+    _, report, _, stderr = rendered_centre
+    assert report["errors"] == [] and console_errors(stderr) == []
+    curvature = report["sections"]["curvature"]
+    assert curvature and curvature["visible"] and curvature["heading"] == "Curvature: centre points", curvature
+    assert "Source rate curves between the levels" in curvature["text"]
+    assert "Leakage curves between the levels" in curvature["text"]
+    assert curvature["tables"] == 1 and curvature["figures"] == 0
+    rows = curvature["rows"]
+    assert rows and all(r["visible"] for r in rows)
+    drawn = sorted((r["cells"][0], r["cells"][1]) for r in rows)
+    expected = sorted((response, source) for response in ("SR", "LR")
+                      for source in ("librarian", "surgeon", "programmer", "pooled"))
+    assert drawn == expected
+    pooled = {r["cells"][0]: r["cells"] for r in rows if r["cells"][1] == "pooled"}
+    assert all(cells[-1] == "curves" for cells in pooled.values()), pooled  # the planted curvature, found
+    # the rest of the page still draws beside the new section: the half-normal plots of the 2^(5-1)
+    assert all(report["labels"][f]["points"] == 4 * 15 for f in ("half_normal_SR", "half_normal_LR")), report["labels"]
 
 
 def test_self_contained_with_plotly_once(rendered):

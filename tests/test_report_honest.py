@@ -16,8 +16,8 @@ import pytest
 from eps_screen.aggregate import aggregate
 from eps_screen.config import ScreenConfig, load_config
 from eps_screen.design import all_slab_cells
-from eps_screen.report.tables import ci
-from eps_screen.report.tldr import tldr, written
+from eps_screen.report.tables import ci, written
+from eps_screen.report.tldr import tldr
 from eps_screen.schemas import Interval, TermEffect
 from eps_screen.simulate import simulate_screen
 from tests.conftest import CONFIGS

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from markupsafe import Markup
 
-from eps_screen.report.tldr import written
 from eps_screen.schemas import Interval
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -40,8 +39,16 @@ def num(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def written(x: float, decimals: int, sign: str = "") -> str:
+    """`x` to `decimals` places, or to as many more (up to 6) as it takes for a number that is not 0 not to read as
+    0: an interval whose bound is +0.003 excludes 0, and "[+0.00, +0.03]" would say it touches it."""
+    while decimals < 6 and x != 0 and round(x, decimals) == 0:
+        decimals += 1
+    return format(x, f"{sign}.{decimals}f")
+
+
 def ci(iv: Interval, decimals: int = 3) -> str:
-    """An interval's bounds, each written so that one which is not 0 never reads as 0 (tldr.written)."""
+    """An interval's bounds, each written so that one which is not 0 never reads as 0 (written)."""
     return "[" + ", ".join("n/a" if x is None else written(x, decimals) for x in (iv.low, iv.high)) + "]"
 
 

@@ -6,6 +6,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from eps_screen.config import ScreenConfig, is_tiny
+from eps_screen.report import curvature_table
+from eps_screen.report.tables import ci, written
 from eps_screen.schemas import TermEffect
 
 if TYPE_CHECKING:
@@ -20,14 +22,6 @@ def _pct(x: float | None) -> str:
 
 def _signed(x: float | None) -> str:
     return "n/a" if x is None else written(x, 2, "+")
-
-
-def written(x: float, decimals: int, sign: str = "") -> str:
-    """`x` to `decimals` places, or to as many more (up to 6) as it takes for a number that is not 0 not to read as
-    0: an interval whose bound is +0.003 excludes 0, and "[+0.00, +0.03]" would say it touches it."""
-    while decimals < 6 and x != 0 and round(x, decimals) == 0:
-        decimals += 1
-    return format(x, f"{sign}.{decimals}f")
 
 
 def numbers_are(config: ScreenConfig) -> str:
@@ -112,6 +106,29 @@ def _interaction_count(result: AggregateResult, response: str) -> str:
             + (f"; {rate_only} on the rate scale only" if rate_only else "") + ")")
 
 
+def _curvature(config: ScreenConfig, result: AggregateResult) -> str | None:
+    """One sentence on the centre points' curvature test (None when the screen has none): each response's headline
+    test, pooled where there are several sources, in the curvature table's words (its verdict, curvature and CI)."""
+    if not config.design.centre_points:
+        return None
+    pct = f"{config.bootstrap.ci:.0%}"
+    said, curves = [], False
+    for response in curvature_table.RESPONSES:
+        t = curvature_table.headline(result.metrics.curvature, response)
+        if t is None:
+            continue
+        numbers = f"{curvature_table.curvature_text(t)} ({pct} CI {ci(t.ci)}, {curvature_table.where(t)})"
+        name = _NAMES[response]
+        said.append(f"{name} {curvature_table.CURVES}, {numbers}" if t.detected else
+                    f"{curvature_table.NOT_DETECTED} on {name}, {numbers}")
+        curves |= t.detected
+    if not said:
+        return "The centre cells have no curvature test yet: it needs 2 centre cells and a design cell of a source."
+    # A response that curves is not described by its main effects between the levels: say so where it is read first.
+    then = "; where a response curves, its main effects describe the ends of the factors' ranges, not their middle"
+    return "Curvature at the centre points: " + "; ".join(said) + (then if curves else "") + "."
+
+
 # What a criterion judged after every phase means when it fires: the screen still ends Completed.
 LATE_GATES = {
     3: "the factors push in opposite directions for different source personas, so the pooled ranking is an "
@@ -138,6 +155,9 @@ def tldr(config: ScreenConfig, result: AggregateResult) -> str:
                      f"{len(sources)} source persona{'s' if len(sources) > 1 else ''} and counted the marker in their "
                      + ("simulated answers (nothing was trained)." if simulated else "answers."))
         parts += [_answer(config, result, "SR"), _answer(config, result, "LR")]
+    curvature = _curvature(config, result)
+    if curvature:
+        parts.append(curvature)
     verdicts = Counter(p.verdict for p in result.metrics.predictions)
     if verdicts:
         order = ("confirmed", "not confirmed", "inconclusive", "not evaluable")
