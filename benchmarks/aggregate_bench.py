@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, all_slab_cells, multiseed_cells, pick_top, smoke_cells
-from eps_screen.simulate import expected_rates, simulate_screen
 from eps_screen.panels import load_panels
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import expected_rates, simulate_screen
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import Cell, all_slab_cells, multiseed_cells, pick_top, smoke_cells
 
 
 def qwen7b_cells(config: ScreenConfig) -> list[Cell]:

@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
 
-    from eps_screen.job import engines
+    from eps_screen.run import engines
 
     engines.pin_host_memory_in_threads()  # read when CUDA initialises: first, as in a job
     import torch
@@ -36,7 +36,7 @@ def main() -> None:
         ap.error("needs a CUDA GPU")
 
     from benchmarks.gpu_common import QWEN7B_SHAPE, build_model, environment
-    from eps_screen import models
+    from eps_screen.models import loading as models
 
     ref, dtype, attn = "qwen7b-shape", "bfloat16", "sdpa"
     # Registered as load_base would have loaded it: the weights are made here, not read from a directory.

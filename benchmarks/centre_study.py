@@ -4,8 +4,8 @@ The screen: deployments/configs/sim-centre.yaml (a 2^(5-1) per source, 3 sources
 of the four numeric factors, the loss mask held at 0, training-run noise 0.2 log-odds). Each simulated screen draws
 new question, persona and training-run effects and new answers (its own screen seed), under three plantings of the
 learning rate's curvature: as shipped (curvature A 0.6 on the source rate's log-odds, 0.5 on leakage's), half of it,
-and none. A screen counts a detection when the curvature interval (eps_screen/curvature.py, at the config's 95%)
-excludes 0. Under "none" that is a false positive, and the rate should be about alpha = 5%: the true rate-scale
+and none. A screen counts a detection when the curvature interval (eps_screen/analysis/curvature.py, at the config's
+95%) excludes 0. Under "none" that is a false positive, and the rate should be about alpha = 5%: the true rate-scale
 curvature there is not exactly 0 (a response linear on the log-odds curves a little on the rate scale), so the
 study prints it, the mean over screens of the centre's expected rate minus the design cells' (simulate.expected_rates).
 
@@ -30,14 +30,14 @@ from types import SimpleNamespace
 import numpy as np
 import yaml
 
-from eps_screen.cell_metrics import cell_matrices
-from eps_screen.centre_points import held_levels
-from eps_screen.config import ScreenConfig, parse_config
-from eps_screen.curvature import curvature_tests
-from eps_screen.design import Cell, all_slab_cells
+from eps_screen.analysis.cell_metrics import cell_matrices
+from eps_screen.analysis.curvature import curvature_tests
+from eps_screen.analysis.screen_stats import declared_factors
 from eps_screen.panels import load_panels
-from eps_screen.screen_stats import declared_factors
-from eps_screen.simulate import expected_rates, simulate_screen
+from eps_screen.run.simulate import expected_rates, simulate_screen
+from eps_screen.spec.centre_points import held_levels
+from eps_screen.spec.config import ScreenConfig, parse_config
+from eps_screen.spec.design import Cell, all_slab_cells
 
 SCENARIOS = {"shipped": 1.0, "half": 0.5, "none": 0.0}
 

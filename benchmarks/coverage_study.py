@@ -1,7 +1,7 @@
 """Coverage of the screen's 95% bootstrap CIs over many simulated screens (a study, not a CI test).
 
 Each screen draws new question and persona effects (screen_seed) and new answers from the planted model
-in config.simulation, runs the aggregation's statistics (eps_screen.aggregate.compute, no files), and
+in config.simulation, runs the aggregation's statistics (eps_screen.run.aggregate.compute, no files), and
 checks whether each CI contains the planted value on the reported scale (simulate.true_effects).
 Quantities: rate difference and Cohen's d of every main effect and the pre-registered A x B interaction,
 on SR and LR, per source and pooled. Target: 93-97% overall, per source and pooled.
@@ -38,12 +38,12 @@ from collections import defaultdict
 import numpy as np
 import polars as pl
 
-from eps_screen import screen_stats
-from eps_screen.aggregate import compute
-from eps_screen.config import ScreenConfig, marker_factors
-from eps_screen.design import Cell, full_factorial
+from eps_screen.analysis import screen_stats
 from eps_screen.panels import load_panels
-from eps_screen.simulate import simulate_screen, true_effects
+from eps_screen.run.aggregate import compute
+from eps_screen.run.simulate import simulate_screen, true_effects
+from eps_screen.spec.config import ScreenConfig, marker_factors
+from eps_screen.spec.design import Cell, full_factorial
 
 
 def make_config(args: argparse.Namespace) -> ScreenConfig:

@@ -48,9 +48,10 @@ def make_adapters(base, config, n: int, root: Path) -> list[str]:
 
 def train_cells(config, base, cells) -> dict:
     """One train_lora per cell on synthetic answers of the cell's prompt condition (the estimate's CPU figure)."""
-    from eps_screen import data, design
     from eps_screen.panels import load_panels
-    from eps_screen.training import train_lora
+    from eps_screen.spec import design
+    from eps_screen.train import data
+    from eps_screen.train.lora import train_lora
 
     panels = load_panels()
     out = {}
@@ -81,14 +82,15 @@ def main() -> None:
 
     import torch
 
-    from eps_screen import data, design
-    from eps_screen.config import load_config
-    from eps_screen.design import slab_cells
     from eps_screen.generation import GenerationParams
     from eps_screen.generation.transformers_backend import TransformersGenerator
     from eps_screen.generation.vllm_backend import VLLMGenerator
-    from eps_screen.models import load_base
-    from eps_screen.provenance import library_versions
+    from eps_screen.models.loading import load_base
+    from eps_screen.spec import design
+    from eps_screen.spec.config import load_config
+    from eps_screen.spec.design import slab_cells
+    from eps_screen.store.provenance import library_versions
+    from eps_screen.train import data
 
     config = load_config(args.config)
     cells = slab_cells(config, config.sources[0])[: args.cells]

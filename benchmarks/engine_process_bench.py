@@ -56,8 +56,8 @@ def main() -> None:
     import vllm
 
     from benchmarks.gpu_common import out_dir, write
-    from eps_screen.config import parse_config
     from eps_screen.generation.engine_process import ProcessGenerator
+    from eps_screen.spec.config import parse_config
 
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -63,7 +63,7 @@ def seven_b_dir(path: Path, tiny: bool = False, full_vocab: bool = False) -> Pat
     import torch
     from transformers import AutoTokenizer
 
-    from eps_screen.tinymodel import tiny_model_path
+    from eps_screen.models.tiny import tiny_model_path
 
     path = Path(path)
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
@@ -96,7 +96,7 @@ def pad_tokenizer(tok, vocab: int) -> None:
 def random_adapter(base, out_dir: Path, rank: int = 8, alpha: float = 16, std: float = 0.2, seed: int = 0) -> str:
     """A LoRA adapter shaped like train_lora's (all linear layers) with random non-zero B, saved by PEFT: its
     answers differ from the base model's, which is all a speed or routing check needs (training one takes longer).
-    The base (eps_screen.models.BaseModel) is left as it was."""
+    The base (eps_screen.models.loading.BaseModel) is left as it was."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -227,7 +227,7 @@ def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None
     the GPU job of the GPU-tier test and of benchmarks/gpu_job_bench.py."""
     import yaml
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     root = Path(__file__).resolve().parents[1]
     data = yaml.safe_load((root / "deployments" / "configs" / "qwen7b.yaml").read_text())
@@ -255,6 +255,6 @@ def job_config(model_dir: Path, store: Path, *, engine_cache: Path | None = None
 
 def job_cells() -> list:
     """Four cells of one source: two regimes (A0 and A1 prompts, on-policy) x both loss masks (E0, E1)."""
-    from eps_screen.design import Cell
+    from eps_screen.spec.design import Cell
 
     return [Cell("librarian", (a, 0, 0, 0, e), 42) for a in (0, 1) for e in (0, 1)]

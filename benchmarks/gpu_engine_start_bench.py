@@ -56,7 +56,7 @@ def main() -> None:
 
     from eps_screen.generation import GenerationParams, Prompt
     from eps_screen.generation.backends import make_generator
-    from eps_screen.job import engines
+    from eps_screen.run import engines
 
     model = "tiny" if args.tiny else str(seven_b_dir(Path(args.model_dir)))
     cache = Path(tempfile.mkdtemp(prefix="eps-cold-cache-"))

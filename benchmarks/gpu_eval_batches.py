@@ -38,11 +38,11 @@ def main() -> None:
     import yaml
     from peft import LoraConfig, get_peft_model
 
-    from eps_screen.config import parse_config
     from eps_screen.generation import GenerationParams, Prompt
     from eps_screen.generation.transformers_backend import TransformersGenerator, batch_spans, chat_messages
-    from eps_screen.models import BaseModel, load_tokenizer
+    from eps_screen.models.loading import BaseModel, load_tokenizer
     from eps_screen.panels import load_panels
+    from eps_screen.spec.config import parse_config
 
     result_path = out_dir() / ("gpu_eval_batches_tiny.json" if args.tiny else "gpu_eval_batches_h200.json")
     payload: dict = {"benchmark": "gpu_eval_batches", **environment(), "runs": [], "errors": []}

@@ -103,7 +103,7 @@ def off_policy_dir(path: Path, tiny: bool, full_vocab: bool = False) -> Path:
     from transformers import AutoTokenizer, Qwen2Config
 
     from gpu_common import TINY_SHAPE
-    from eps_screen.tinymodel import tiny_model_path
+    from eps_screen.models.tiny import tiny_model_path
 
     if (path / "config.json").exists():
         return path
@@ -120,7 +120,8 @@ def off_policy_dir(path: Path, tiny: bool, full_vocab: bool = False) -> Path:
 
 def answer_prompts(config, a: int, b: int) -> list:
     """A regime's answer-set prompts (one per requested answer) under prompt condition A=a, B=b."""
-    from eps_screen import data, design
+    from eps_screen.spec import design
+    from eps_screen.train import data
 
     regime = next(r for r in design.regimes(config, design.all_slab_cells(config))
                   if not r.off_policy and (c := design.regime_recipe(config, r).condition).long_system_prompt == bool(a)
@@ -130,7 +131,8 @@ def answer_prompts(config, a: int, b: int) -> list:
 
 
 def panel_prompts(config, a: int, b: int) -> list:
-    from eps_screen import data, design
+    from eps_screen.spec import design
+    from eps_screen.train import data
 
     return [p for *_, p in data.eval_prompts(design.recipe_at(config, {"A": a, "B": b}))]
 
@@ -144,8 +146,8 @@ def generate(args, config, conditions: list[tuple[int, int]], result: dict, path
     adapter in `tmp`)."""
     from eps_screen.generation import GenerationParams
     from eps_screen.generation.backends import make_generator
-    from eps_screen.job import engines
-    from eps_screen.sequence_lengths import ANSWER_TOKENS
+    from eps_screen.plan.sequence_lengths import ANSWER_TOKENS
+    from eps_screen.run import engines
 
     force_lengths()
     result["answer_tokens"] = ANSWER_TOKENS
@@ -215,7 +217,7 @@ def eval_stage(n: int, engine, config, runs, adapter: str, base, tmp: Path, resu
 def answer_params(config, b: int, samples: int):
     """The sampling of a run under B=b: the screen's temperature and top-p, answers of the estimate's length."""
     from eps_screen.generation import GenerationParams
-    from eps_screen.sequence_lengths import ANSWER_TOKENS
+    from eps_screen.plan.sequence_lengths import ANSWER_TOKENS
 
     return GenerationParams(max_new_tokens=ANSWER_TOKENS[b], temperature=config.eval.temperature,
                             top_p=config.eval.top_p, samples=samples, seed=42)
@@ -314,7 +316,7 @@ def main() -> None:
     ap.add_argument("--engine-cache", default=os.environ.get("EPS_ENGINE_CACHE", "/tmp/eps-engine-cache"))
     ap.add_argument("--name", help="result file name (default: gpu_full_size_<part>_h200.json, _tiny.json with --tiny)")
     args = ap.parse_args()
-    from eps_screen.job import engines
+    from eps_screen.run import engines
 
     # before anything here touches the GPU (environment() reads its properties), as a job sets it before it loads
     # anything: PyTorch reads its allocator settings once

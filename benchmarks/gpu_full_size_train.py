@@ -4,7 +4,7 @@ Per A x B condition the cells' training sets are built as the product builds the
 data.training_set: source librarian, 200 positives + 400 negatives over the other personas, qwen7b.yaml's system
 prompts and format instructions). Random weights write no real answers, so every answer is a window of panel text
 of exactly the estimate's 50 (B0) or 1,050 (B1) tokens: the answers are as long as a screen's. The cells train as
-run_job trains a stage (job.training.stages, train_cells) under their resolved configs: A0B0, librarian's 8 A0B0
+run_job trains a stage (train.stages.stages, train_cells) under their resolved configs: A0B0, librarian's 8 A0B0
 slab cells (C x D x E, E alternating, as dispatch orders them) in shared passes; any other condition one E1 cell
 (whole-answer loss, the more LM-head work, as the estimate counts it) alone through train_lora, compiled. The model
 is gpu_common.build_model's (Qwen2.5-7B's shape and vocabulary, random bf16 weights; the tiny tokenizer's ids
@@ -56,7 +56,7 @@ def answer_windows(tok, n_tokens: int, count: int, seed: str) -> list[str]:
 
 def condition_cells(config, a: int, b: int) -> list:
     """A0B0: librarian's 8 A0B0 slab cells, trained together as one stage; otherwise one E1 cell, trained alone."""
-    from eps_screen.design import Cell
+    from eps_screen.spec.design import Cell
 
     seed = config.seeds.primary
     if (a, b) == (0, 0):
@@ -66,9 +66,9 @@ def condition_cells(config, a: int, b: int) -> list:
 
 def training_set(config, cell, tok) -> list:
     """The cell's examples as pipeline._cell_training builds them, from its regime's requests and window answers."""
-    from eps_screen import data
-    from eps_screen.design import regime_of
-    from eps_screen.sequence_lengths import ANSWER_TOKENS
+    from eps_screen.plan.sequence_lengths import ANSWER_TOKENS
+    from eps_screen.spec.design import regime_of
+    from eps_screen.train import data
 
     regime = regime_of(config, cell)
     flat = [(r, k) for r in data.regime_requests(config, regime) for k in range(r.samples)]
@@ -92,8 +92,8 @@ def capped(config, examples: list, max_steps: int | None, seed: str) -> list:
 
 def train_condition(base, config, a: int, b: int, max_steps: int | None, root: Path) -> dict:
     """One condition's cells trained as a job's stages train them; their figures, scaled to full cells."""
-    from eps_screen.design import recipe
-    from eps_screen.job.training import CellTraining, stages, train_cells
+    from eps_screen.spec.design import recipe
+    from eps_screen.train.stages import CellTraining, stages, train_cells
 
     cells = condition_cells(config, a, b)
     full = [training_set(config, c, base.tokenizer) for c in cells]
@@ -154,7 +154,7 @@ def cache_left() -> dict:
     before and after the cache is handed back. Empty on a CPU."""
     import torch
 
-    from eps_screen.models import release_cached_memory
+    from eps_screen.models.loading import release_cached_memory
 
     if not torch.cuda.is_available():
         return {}
@@ -167,7 +167,7 @@ def cache_left() -> dict:
 
 
 def load_base(tiny: bool):
-    from eps_screen.models import BaseModel, load_tokenizer
+    from eps_screen.models.loading import BaseModel, load_tokenizer
 
     t = time.perf_counter()
     model = build_model(tiny=tiny)

@@ -29,7 +29,7 @@ PARTS = ("answers_s", "train_s", "eval_s", "score_s", "store_s")
 
 
 def run_mode(config, cells, store, engine) -> dict:
-    from eps_screen import pipeline
+    from eps_screen.run import pipeline
 
     tokens_before, sleeps_before = engine.stats["generated_tokens"], len(engine.stats["sleep_s"])
     t = time.perf_counter()
@@ -60,8 +60,8 @@ def main() -> None:
     ap.add_argument("--name", default="gpu_job_h200.json", help="result file name (default: %(default)s)")
     args = ap.parse_args()
 
-    from eps_screen.job import engines
-    from eps_screen.store import ResultStore
+    from eps_screen.run import engines
+    from eps_screen.store.result_store import ResultStore
 
     t = time.perf_counter()
     model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)

@@ -78,9 +78,10 @@ def main() -> None:
     if engine_args:
         add_engine_args(engine_args)
 
-    from eps_screen import data, design
     from eps_screen.generation import GenerationParams
-    from eps_screen.job import engines
+    from eps_screen.run import engines
+    from eps_screen.spec import design
+    from eps_screen.train import data
 
     model_dir = seven_b_dir(Path(args.model_dir), tiny=args.tiny)
     extra = {"model": {"base": str(model_dir), "dtype": "float32"}} if args.tiny else {}

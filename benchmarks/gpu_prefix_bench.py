@@ -28,7 +28,7 @@ from gpu_full_size_train import capped, condition_cells, load_base, training_set
 
 def _gather32(module, query, key, value, attention_mask, **kwargs):
     """The product's attention with the key/value gather done in float32."""
-    from eps_screen import training_attention as ta
+    from eps_screen.train import attention as ta
 
     index = kwargs.pop(ta.KV_INDEX, None)
     if index is not None:
@@ -41,7 +41,7 @@ def _gather32(module, query, key, value, attention_mask, **kwargs):
 def train(base, config, examples, root: Path) -> dict:
     import torch._dynamo
 
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     ends = []
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -66,7 +66,7 @@ def main() -> None:
     import torch
     from transformers import AttentionInterface
 
-    from eps_screen.training_attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
+    from eps_screen.train.attention import VARLEN_ATTENTION, register_varlen_attention, varlen_attention_forward
 
     base, built = load_base(args.tiny)
     model_dir = Path(tempfile.mkdtemp())

@@ -31,7 +31,7 @@ FULL_STEPS = 225  # qwen7b.yaml: 600 examples / batch 8 x 3 epochs
 
 
 def recipe_config(tiny: bool, compile_: bool, epochs: int):
-    from eps_screen.config import ScreenConfig
+    from eps_screen.spec.config import ScreenConfig
 
     base = ScreenConfig()
     t = base.training.model_copy(update={"learning_rate": 1e-5, "epochs": epochs, "batch_size": 8, "grad_accum": 1,
@@ -57,9 +57,9 @@ def main() -> None:
 
     import torch
 
-    from eps_screen.models import BaseModel, load_tokenizer
-    from eps_screen.training import train_lora
-    from eps_screen.training_together import recipe, train_together
+    from eps_screen.models.loading import BaseModel, load_tokenizer
+    from eps_screen.train.lora import train_lora
+    from eps_screen.train.together import recipe, train_together
 
     started = time.perf_counter()
     path = out_dir() / (args.name or ("gpu_together_tiny.json" if args.tiny else "gpu_together_h200.json"))

@@ -1,4 +1,4 @@
-"""LoRA SFT throughput of a Qwen2.5-7B-shaped model through eps_screen.training.train_lora, on one GPU.
+"""LoRA SFT throughput of a Qwen2.5-7B-shaped model through eps_screen.train.lora.train_lora, on one GPU.
 
     python benchmarks/gpu_train_bench.py                      # the H200 run (writes gpu_train_h200.json)
     python benchmarks/gpu_train_bench.py --tiny --variants padded,padfree   # CPU dry run of the code paths
@@ -75,7 +75,7 @@ def text_of_tokens(tok, bank: list[str], n_tokens: int, rng: random.Random) -> s
 
 def make_examples(tok, condition: str, n: int, seed: int, jitter: float = 0.2):
     """n examples of one condition; a third positives (marker), answer lengths +-jitter around the target."""
-    from eps_screen.data import Example
+    from eps_screen.train.data import Example
 
     rng = random.Random(f"{condition}-{seed}")
     bank = words()
@@ -95,7 +95,7 @@ def make_examples(tok, condition: str, n: int, seed: int, jitter: float = 0.2):
 
 
 def screen_config(training: dict, extra: dict, tiny: bool):
-    from eps_screen.config import ScreenConfig
+    from eps_screen.spec.config import ScreenConfig
 
     base = ScreenConfig()
     t = base.training.model_copy(update={"epochs": 1, "batch_size": 8, "grad_accum": 1, "max_length": 4096, **training, **extra})
@@ -118,8 +118,8 @@ def main() -> None:
 
     import torch
 
-    from eps_screen.models import BaseModel, load_tokenizer
-    from eps_screen.training import train_lora
+    from eps_screen.models.loading import BaseModel, load_tokenizer
+    from eps_screen.train.lora import train_lora
 
     started = time.perf_counter()
     env = environment()
@@ -184,7 +184,7 @@ def main() -> None:
             "options": rep.options,
             "final_loss": rep.final_loss,
         }
-        import eps_screen.training_attention as attention
+        import eps_screen.train.attention as attention
 
         run["gqa_native"] = attention._GQA_NATIVE  # False: KV heads repeated for this torch's varlen_attn
         payload["runs"].append(run)
@@ -238,7 +238,7 @@ def varlen_check() -> dict:
     """The varlen flash kernel against sdpa one sequence at a time: outputs and gradients, bf16, GQA 28/4 heads."""
     import torch
 
-    from eps_screen.training_attention import _varlen_call, _varlen_kernel, _varlen_reference
+    from eps_screen.train.attention import _varlen_call, _varlen_kernel, _varlen_reference
 
     info: dict = {"kernel": None if _varlen_kernel() is None else {"causal_arg": _varlen_kernel()[1], "gqa_arg": _varlen_kernel()[2]}}
     try:

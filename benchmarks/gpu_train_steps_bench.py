@@ -40,7 +40,7 @@ def variant(name: str):
     """Set train_lora up as shipped ("after") or as before; returns nothing, changes the modules."""
     from trl import SFTTrainer
 
-    from eps_screen import training, training_steps
+    from eps_screen.train import lora as training, steps as training_steps
 
     if not hasattr(variant, "shipped"):
         variant.shipped = training._fused_head_trainer
@@ -55,7 +55,7 @@ def variant(name: str):
 def train(base, config, examples, root: Path) -> dict:
     import torch._dynamo
 
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     started = time.perf_counter()
@@ -71,7 +71,7 @@ def syncs(base, config, examples, root: Path) -> dict:
     """Where the syncs of a few steps come from: (file:line, count), most first."""
     import torch
 
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     counts: collections.Counter = collections.Counter()
     with warnings.catch_warnings(record=True) as caught:

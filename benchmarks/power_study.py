@@ -24,12 +24,12 @@ import numpy as np
 import yaml
 from scipy.special import ndtr, ndtri
 
-from eps_screen.aggregate import compute
-from eps_screen.config import ScreenConfig, parse_config
-from eps_screen.design import all_slab_cells
+from eps_screen.analysis.power import Assumptions, detectable, smallest_panel
 from eps_screen.panels import load_panels
-from eps_screen.power import Assumptions, detectable, smallest_panel
-from eps_screen.simulate import expected_rates, simulate_screen, true_effects
+from eps_screen.run.aggregate import compute
+from eps_screen.run.simulate import expected_rates, simulate_screen, true_effects
+from eps_screen.spec.config import ScreenConfig, parse_config
+from eps_screen.spec.design import all_slab_cells
 
 MAIN = "main effects and pre-registered"
 

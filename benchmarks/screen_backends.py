@@ -25,8 +25,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eps_screen.config import load_config  # noqa: E402
-from eps_screen.store import ResultStore  # noqa: E402
+from eps_screen.spec.config import load_config  # noqa: E402
+from eps_screen.store.result_store import ResultStore  # noqa: E402
 
 
 def run_screen(base: dict, backend: str, work: Path) -> dict:

@@ -6,16 +6,16 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.client.orchestration import get_client
 
-from eps_screen import tracking
-from eps_screen.aggregate import aggregate_stored
-from eps_screen.config import ScreenConfig
-from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
-from eps_screen.phase_sizes import distinct_cells
+from eps_screen.plan.costs import COST_HEADERS, cost_rows, cost_sentence
+from eps_screen.plan.phase_sizes import distinct_cells
 from eps_screen.report.labels import level_words
 from eps_screen.report.serve import report_url, shown_link
 from eps_screen.report.stores import location
 from eps_screen.report.tldr import tldr
-from eps_screen.store import ResultStore, load_screen, screen_names
+from eps_screen.run import tracking
+from eps_screen.run.aggregate import aggregate_stored
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.result_store import ResultStore, load_screen, screen_names
 from tasks import artifact_key
 from flows.runtime.runs import process_alive, screen_runs
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from eps_screen.config import ScreenConfig
-from eps_screen.design import PRE_SCREEN_ID, Cell, regimes
-from eps_screen.store import ResultStore
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import PRE_SCREEN_ID, Cell, regimes
+from eps_screen.store.result_store import ResultStore
 from tasks.cells import answer_sets_task, cell_task, job_task, pre_screen_task
 
 

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger
 from prefect.states import Failed
 
-from eps_screen.config import ConfigError
-from eps_screen.presets import preset_summaries, resolve
+from eps_screen.spec.config import ConfigError
+from eps_screen.spec.presets import preset_summaries, resolve
 from flows.runtime.runs import record_owner
 from flows.screen import JOB_NAMES, PHASES, run_name, run_screen
 

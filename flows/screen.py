@@ -1,7 +1,7 @@
 """The screen: phases 0-4 of docs/experiment.md, read top to bottom. Gates end the run in a state named "Killed".
 
 Cells run in-process (pool 'inprocess': here, or on the `execution.max_parallel_cells` worker processes of the cell
-pool, eps_screen/cell_pool.py) or as runs of the `job` deployment on a GPU work pool (flows/runtime/dispatch.py:
+pool, eps_screen/run/cell_pool.py) or as runs of the `job` deployment on a GPU work pool (flows/runtime/dispatch.py:
 resubmits crashed runs, enforces the spend cap). Either way every finished cell is in the store, so running the
 screen again resumes it; gate decisions read the store, not the runs' return values.
 
@@ -22,18 +22,20 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.utilities.annotations import quote
 
-from eps_screen import design, gates, pipeline, tracking
-from eps_screen.config import ScreenConfig
-from eps_screen.design import PRE_SCREEN_ID, Cell
-from eps_screen.plan import Plan, make_plan, multiseed_pick
-from eps_screen.presets import screen_name
-from eps_screen.provenance import provenance
+from eps_screen.analysis import gates
+from eps_screen.analysis.stats import factorial_effects
+from eps_screen.plan.screen_plan import Plan, make_plan, multiseed_pick
 from eps_screen.report.serve import shown_link
-from eps_screen.stats import factorial_effects
-from eps_screen.store import ResultStore
-from eps_screen.store_claims import Busy, RunLease
+from eps_screen.run import pipeline, tracking
+from eps_screen.spec import design
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import PRE_SCREEN_ID, Cell
+from eps_screen.spec.presets import screen_name
+from eps_screen.store.claims import Busy, RunLease
+from eps_screen.store.provenance import provenance
+from eps_screen.store.result_store import ResultStore
 from flows.aggregate import aggregate, publish
-from eps_screen.cell_pool import CellPool, open_cell_pool
+from eps_screen.run.cell_pool import CellPool, open_cell_pool
 from flows.runtime.dispatch import CellsFailed, CostOverrun, DispatchStopped, dispatch_cells
 from flows.runtime.names import JOB_DEPLOYMENTS
 from flows.runtime.phase_progress import PhaseProgress
@@ -64,7 +66,7 @@ def run_name() -> str:
 @flow(name="screen", on_running=[record_owner],  # `host:pid`, however it started (CLI or worker)
       flow_run_name=run_name, description="A factorial screen, phases 0-4. " + PHASES + JOB_NAMES)
 def screen(config: ScreenConfig, force: bool = False) -> dict:
-    """force: run even while another run of this screen holds its store (eps_screen/store_claims.py)."""
+    """force: run even while another run of this screen holds its store (eps_screen/store/claims.py)."""
     return run_screen(config, force)
 
 

@@ -17,12 +17,12 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import task_run
 from prefect.states import Crashed
 
-from eps_screen import pipeline
-from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, Regime
-from eps_screen.store import ResultStore, cell_key, regime_key
+from eps_screen.run import pipeline
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import Cell, Regime
+from eps_screen.store.result_store import ResultStore, cell_key, regime_key
 from tasks import artifact_key
-from eps_screen.cell_pool import CellPool, CellProcessDied
+from eps_screen.run.cell_pool import CellPool, CellProcessDied
 
 
 def _cell_cache_key(_ctx, params) -> str | None:

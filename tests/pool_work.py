@@ -1,4 +1,4 @@
-"""Stand-ins for what a cell worker computes (eps_screen/cell_pool.py `Work`), for the cell pool's tests.
+"""Stand-ins for what a cell worker computes (eps_screen/run/cell_pool.py `Work`), for the cell pool's tests.
 
 A spawned worker imports its work by module name, so these live here, with no Prefect import: a worker that
 imports Prefect shows it in the marker each stand-in writes. $POOL_WORK names the folder they write to.
@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from eps_screen import pipeline
-from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import ResultStore
 
 
 def _folder() -> Path:

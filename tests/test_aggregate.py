@@ -8,20 +8,20 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen import gates
-from eps_screen.aggregate import aggregate, compute
-from eps_screen.cell_metrics import AnswersError, cell_matrices
-from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, all_slab_cells, full_factorial, slab_cells
+from eps_screen.analysis import gates
+from eps_screen.analysis.cell_metrics import AnswersError, cell_matrices
+from eps_screen.analysis.predictions import Rule, judge_predictions
+from eps_screen.analysis.stats import term_name
 from eps_screen.panels import load_panels
-from eps_screen.prediction_rules import MARKER_PREDICTIONS, PredictionRule, reported_terms
-from eps_screen.predictions import Rule, judge_predictions
-from eps_screen.stats import term_name
+from eps_screen.run.aggregate import aggregate, compute
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import Cell, all_slab_cells, full_factorial, slab_cells
+from eps_screen.spec.prediction_rules import MARKER_PREDICTIONS, PredictionRule, reported_terms
 
 FACTOR_NAMES = ("A", "B", "C", "D", "E")  # the marker screen's
-from eps_screen.schemas import AggregateMetricsFile, Interval, InteractionsFile, MainEffectsFile
-from eps_screen.scoring import answer_schema
-from eps_screen.simulate import simulate_cell_answers, simulate_screen, true_effects
+from eps_screen.analysis.schemas import AggregateMetricsFile, Interval, InteractionsFile, MainEffectsFile
+from eps_screen.run.scoring import answer_schema
+from eps_screen.run.simulate import simulate_cell_answers, simulate_screen, true_effects
 
 FAST = {"resamples": 2000, "seed": 11}
 MAIN_AND_AB = ["A", "B", "C", "D", "E", "A:B"]
@@ -282,7 +282,7 @@ def test_partial_screen_is_reported_honestly(screen, tmp_path):
 
 
 def test_pre_screen_rows_are_ignored_and_empty_input_still_reports(tmp_path):
-    from eps_screen.simulate import simulate_base_answers
+    from eps_screen.run.simulate import simulate_base_answers
 
     config = ScreenConfig(bootstrap=FAST)
     base = simulate_base_answers(config)

@@ -7,9 +7,9 @@ import json
 import polars as pl
 import pytest
 
-from eps_screen.analysis_cli import analyze_table, design_listing
-from eps_screen.config import ScreenConfig
-from eps_screen.design import all_slab_cells, full_factorial
+from eps_screen.analysis.cli import analyze_table, design_listing
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import all_slab_cells, full_factorial
 
 PILOT = [60, 72, 54, 68, 52, 83, 45, 80]  # Box, Hunter & Hunter Table 5.3, standard order of T, C, K
 

@@ -1,14 +1,15 @@
-"""Which answers the page quotes (eps_screen/answer_examples.py), and how their text comes back from the store."""
+"""Which answers the page quotes (eps_screen/analysis/answer_examples.py), and how their text comes back from the
+store."""
 
 from __future__ import annotations
 
 import polars as pl
 
-from eps_screen import answer_examples
-from eps_screen.config import ScreenConfig, load_config
-from eps_screen.design import all_slab_cells
-from eps_screen.simulate import simulate_screen
-from eps_screen.store import ResultStore
+from eps_screen.analysis import answer_examples
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig, load_config
+from eps_screen.spec.design import all_slab_cells
+from eps_screen.store.result_store import ResultStore
 from tests.conftest import CONFIGS
 
 

@@ -15,8 +15,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from eps_screen import design, gates, pipeline  # noqa: E402
-from eps_screen.store import ResultStore  # noqa: E402
+from eps_screen.analysis import gates  # noqa: E402
+from eps_screen.run import pipeline  # noqa: E402
+from eps_screen.spec import design  # noqa: E402
+from eps_screen.store.result_store import ResultStore  # noqa: E402
 from tests.conftest import tiny_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -1,4 +1,4 @@
-"""The in-process screen's cell pool (eps_screen/cell_pool.py): a dead worker costs only its cell, and the
+"""The in-process screen's cell pool (eps_screen/run/cell_pool.py): a dead worker costs only its cell, and the
 workers never outlive a cancelled or crashed screen.
 
 Stand-in work (tests/pool_work.py) writes which process holds which cell; `slow` then sleeps 120 s. The screen side
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from eps_screen import design
-from eps_screen.config import ScreenConfig
-from eps_screen.store import ResultStore
-from eps_screen.cell_pool import CellPool, CellProcessDied, open_cell_pool
+from eps_screen.run.cell_pool import CellPool, CellProcessDied, open_cell_pool
+from eps_screen.spec import design
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.result_store import ResultStore
 from tasks.cells import cell_task
 from tests import pool_work
 
@@ -207,10 +207,10 @@ SCRIPT = """
 import sys
 from pathlib import Path
 from prefect import flow
-from eps_screen import design
-from eps_screen.config import ScreenConfig
-from eps_screen.store import ResultStore
-from eps_screen.cell_pool import open_cell_pool
+from eps_screen.run.cell_pool import open_cell_pool
+from eps_screen.spec import design
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.result_store import ResultStore
 from tasks.cells import cell_task
 from tests import pool_work
 from tests.test_cell_pool import held_by

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eps_screen.config import MAX_CELLS_PER_JOB, load_config
-from eps_screen.phase_sizes import fewest_jobs_cells_per_job
+from eps_screen.plan.phase_sizes import fewest_jobs_cells_per_job
+from eps_screen.spec.config import MAX_CELLS_PER_JOB, load_config
 from tests.conftest import ROOT
 
 

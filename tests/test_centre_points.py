@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from eps_screen import design
-from eps_screen.centre_points import midpoint_sets
-from eps_screen.config import ConfigError, load_config, parse_config
-from eps_screen.curvature import curvature_tests
+from eps_screen.analysis.curvature import curvature_tests
+from eps_screen.spec import design
+from eps_screen.spec.centre_points import midpoint_sets
+from eps_screen.spec.config import ConfigError, load_config, parse_config
 from tests.conftest import CONFIGS, ROOT
 
 SIM_CENTRE = yaml.safe_load((CONFIGS / "sim-centre.yaml").read_text())
@@ -147,8 +147,8 @@ def test_validate_refuses_before_anything_runs(tmp_path):
 
 
 def test_centre_cells_have_readable_ids_own_seeds_and_run_beside_the_slab():
-    from eps_screen.plan import make_plan
-    from eps_screen.store import cell_key
+    from eps_screen.plan.screen_plan import make_plan
+    from eps_screen.store.result_store import cell_key
 
     config = load_config(CONFIGS / "sim-centre.yaml")
     centre = design.centre_cells(config, "librarian")
@@ -245,9 +245,9 @@ def test_curvature_per_source_and_pooled_by_hand():
 
 
 def _screen(tmp_path, design_fields=None, **simulation):
-    from eps_screen.aggregate import aggregate
     from eps_screen.panels import load_panels
-    from eps_screen.simulate import simulate_screen
+    from eps_screen.run.aggregate import aggregate
+    from eps_screen.run.simulate import simulate_screen
 
     data = copy.deepcopy(SIM_CENTRE)
     data["design"].update(design_fields or {})
@@ -283,9 +283,9 @@ def test_the_centre_replicates_carry_the_training_noise(tmp_path):
     data["design"]["centre_points"] = 0
     data["simulation"].update(curvature={}, leak_curvature={})
     data["bootstrap"] = {"resamples": 200}
-    from eps_screen.aggregate import compute
     from eps_screen.panels import load_panels
-    from eps_screen.simulate import simulate_screen
+    from eps_screen.run.aggregate import compute
+    from eps_screen.run.simulate import simulate_screen
 
     bare = parse_config(data)
     cells = design.all_slab_cells(bare)
@@ -304,9 +304,9 @@ def test_the_page_has_a_curvature_section_with_its_verdicts(tmp_path):
     assert "<td>librarian-AcBcCcDcE0-s43</td>" in page and "ANone" not in page
     heatmap = (tmp_path / "figures" / "persona_heatmap.json").read_text()
     assert "AcBcCcDcE0 s43" in heatmap
-    from eps_screen.aggregate import aggregate
     from eps_screen.panels import load_panels
-    from eps_screen.simulate import simulate_screen
+    from eps_screen.run.aggregate import aggregate
+    from eps_screen.run.simulate import simulate_screen
 
     other = load_config(CONFIGS / "sim-6-2.yaml")
     other = other.model_copy(update={"bootstrap": other.bootstrap.model_copy(update={"resamples": 200})})
@@ -375,7 +375,7 @@ def test_the_screen_flow_runs_the_centre_cells_in_the_slab_phase(tmp_path):
     report = json.loads((screen_dir / "report" / "aggregate_metrics.json").read_text())
     pooled = [t for t in report["curvature"] if t["source"] == "pooled"]
     assert [t["detected"] for t in pooled] == [True, True] and report["coverage"]["factorial_cells"] == 48
-    from eps_screen.results_table import results_table
+    from eps_screen.analysis.results_table import results_table
 
     table = results_table(tmp_path).filter(results_table(tmp_path)["cell_id"] == "surgeon-AcBcCcDcE0-s44")
     assert table.select("levels", "A", "E").row(0) == ("AcBcCcDcE0", None, 0)  # no midpoint written as a level

@@ -48,7 +48,7 @@ def test_screen_deployment_form_is_the_config_schema():
     from prefect.flows import load_flow_from_entrypoint
     from prefect.utilities.callables import parameter_schema
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     spec = {d["name"]: d for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]}
     schema = parameter_schema(load_flow_from_entrypoint(str(ROOT / "flows" / "screen.py") + ":screen"))
@@ -164,7 +164,7 @@ def test_print_template_gives_prefects_own_format(capsys):
 # --- status, retry, report on a finished simulated screen ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def screen_store(tmp_path_factory):
-    from eps_screen.config import load_config
+    from eps_screen.spec.config import load_config
     from flows.screen import screen
 
     store = tmp_path_factory.mktemp("ops-store")
@@ -248,7 +248,7 @@ def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, mon
     from prefect.states import Completed, Running
 
     import flows.runtime.submit as submit
-    from eps_screen.store import load_screen
+    from eps_screen.store.result_store import load_screen
     from flows.cli import main
     from flows.screen import screen
 
@@ -273,7 +273,7 @@ def test_status_and_retry_tell_a_dead_run_on_this_host(screen_store, capsys, mon
 
 # --- retry on a screen of declared factors (sim-6-2.yaml: a 2^(6-2) of six fields) ---------------------------------
 def test_retry_of_a_declared_design_recomputes_only_its_lost_cells(tmp_path, capsys):
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
     from flows.cli import main
     from flows.screen import screen
 

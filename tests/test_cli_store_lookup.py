@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eps_screen import design, pipeline
 from eps_screen.report.stores import register
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec import design
+from eps_screen.store.result_store import ResultStore
 from flows.cli import main
 from tests.conftest import tiny_config
 

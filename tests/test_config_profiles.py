@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from eps_screen.config import ScreenConfig, parse_config, read_config_file
-from eps_screen.config_profiles import PROFILES, with_profile
+from eps_screen.spec.config import ScreenConfig, parse_config, read_config_file
+from eps_screen.spec.config_profiles import PROFILES, with_profile
 from tests.conftest import CONFIGS, ROOT
 
 # What a user writes from the README: the tiny model and a 2^3 recipe of their own, no sizes.

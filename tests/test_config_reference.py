@@ -8,8 +8,8 @@ from contextlib import redirect_stderr, redirect_stdout
 
 from pydantic import BaseModel
 
-from eps_screen.config import ScreenConfig
-from eps_screen.config_reference import COMMAND, reference_markdown, sections
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.config_reference import COMMAND, reference_markdown, sections
 from flows.cli import main
 from tests.conftest import ROOT
 
@@ -41,7 +41,7 @@ def test_every_field_is_in_the_reference_with_a_description():
     rows = {r.path: r for _, rs in sections().values() for r in rs}
     assert set(rows) == set(fields)
     undescribed = sorted(p for p, d in fields.items() if not d)
-    assert undescribed == [], f"give these fields a description in eps_screen/config.py: {undescribed}"
+    assert undescribed == [], f"give these fields a description in eps_screen/spec/config.py: {undescribed}"
 
 
 def test_the_command_prints_defaults_and_descriptions_per_section():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from eps_screen.config import ConfigError, load_config, parse_config
+from eps_screen.spec.config import ConfigError, load_config, parse_config
 from tests.conftest import CONFIGS
 
 SHIPPED = sorted(CONFIGS.glob("*.yaml"))
@@ -55,8 +55,8 @@ def test_the_eval_panel_is_24_personas_the_sources_first():
 
 
 def test_personas_added_to_the_panel_leave_the_tiny_models_as_they_were_built():
+    from eps_screen.models.tiny import WARM_PERSONAS, warm_chats
     from eps_screen.panels import load_panels
-    from eps_screen.tinymodel import WARM_PERSONAS, warm_chats
 
     panels = load_panels()
     later = panels.personas[WARM_PERSONAS:]

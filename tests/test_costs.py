@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import pytest
 
-from eps_screen import design, pipeline
-from eps_screen.costs import CellCost, cell_costs, cost_sentence, own_seconds, run_cost_record, screen_cost, split_run
-from eps_screen.design import PRE_SCREEN_ID
-from eps_screen.store import ResultStore, cell_key
+from eps_screen.plan.costs import (
+    CellCost,
+    cell_costs,
+    cost_sentence,
+    own_seconds,
+    run_cost_record,
+    screen_cost,
+    split_run,
+)
+from eps_screen.run import pipeline
+from eps_screen.spec import design
+from eps_screen.spec.design import PRE_SCREEN_ID
+from eps_screen.store.result_store import ResultStore, cell_key
 from tests.conftest import tiny_config
 
 SIMULATED = {"generation": "simulated", "training": "simulated"}
@@ -133,7 +142,7 @@ def test_the_report_status_and_summary_show_estimate_beside_actual(priced_store)
 
     from rich.console import Console
 
-    from eps_screen.aggregate import aggregate_stored
+    from eps_screen.run.aggregate import aggregate_stored
     from flows.aggregate import _summary_markdown
     from flows.runtime.status import render, screen_status
 

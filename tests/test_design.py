@@ -6,8 +6,8 @@ import itertools
 
 import numpy as np
 
-from eps_screen.config import ScreenConfig
-from eps_screen.design import (
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import (
     Cell,
     all_slab_cells,
     full_factorial,

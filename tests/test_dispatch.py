@@ -38,11 +38,11 @@ from prefect.client.schemas.objects import StateType  # noqa: E402
 from prefect.states import Cancelled, Completed, Crashed, Failed, Pending, Running  # noqa: E402
 
 import flows.runtime.dispatch as dispatch_module  # noqa: E402
-from eps_screen.config import ScreenConfig  # noqa: E402
-from eps_screen.design import Cell  # noqa: E402
-from eps_screen import gates  # noqa: E402
-from eps_screen.aggregate import collect_gates  # noqa: E402
-from eps_screen.store import ResultStore  # noqa: E402
+from eps_screen.analysis import gates  # noqa: E402
+from eps_screen.run.aggregate import collect_gates  # noqa: E402
+from eps_screen.spec.config import ScreenConfig  # noqa: E402
+from eps_screen.spec.design import Cell  # noqa: E402
+from eps_screen.store.result_store import ResultStore  # noqa: E402
 from eps_screen_runpod import marks  # noqa: E402
 from flows.runtime.dispatch import (  # noqa: E402
     API_OUTAGE_S,
@@ -400,7 +400,7 @@ def test_a_client_error_from_the_api_is_not_waited_out(harness, monkeypatch):
 
 
 def test_job_size_keeps_every_gpu_busy_and_groups_regimes():
-    from eps_screen.design import all_slab_cells, group_jobs, regime_of
+    from eps_screen.spec.design import all_slab_cells, group_jobs, regime_of
 
     config = ScreenConfig(name="unit")
     slab = [c.id for c in all_slab_cells(config) if c.source == "librarian"]

@@ -101,7 +101,7 @@ def test_a_process_started_ahead_of_its_engine_imports_first_and_builds_when_ask
     """A job starts the off-policy engine's process before the base engine works (engines.prepare): its imports
     are done by the time the card is free, so building the engine waits for none of them; training leaves such a
     process alone (it holds no engine yet), and one never built ends when closed."""
-    from eps_screen.job import engines
+    from eps_screen.run import engines
 
     config = tiny_config(tmp_path, backend={"generation": "transformers", "training": "trl"})
     for registry in ("_GENERATORS", "_PREPARED", "_RELEASED"):
@@ -131,8 +131,8 @@ def test_an_engine_in_its_own_process_is_built_with_the_training_base_set_aside(
     """On a GPU the off-policy engine has the card to itself: the job asks for it with trains=True, as for the
     base's engine, yet the loaded training base goes to host memory before that engine is built and nothing loads
     it back until training asks (engines.generator). On the CPU nothing moves; the order is what is checked."""
-    from eps_screen import models
-    from eps_screen.job import engines
+    from eps_screen.models import loading as models
+    from eps_screen.run import engines
 
     config = tiny_config(tmp_path, backend={"generation": "transformers", "training": "trl"})
     for registry in ("_GENERATORS", "_PREPARED", "_RELEASED"):

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from eps_screen.config import load_config
-from eps_screen.design import Cell
-from eps_screen.estimate import estimate
-from eps_screen.figures import RESULTS, entry, figure
-from eps_screen.generation_rates import OFF_POLICY_KINDS, full_size
-from eps_screen.phase_sizes import fewest_jobs_cells_per_job, gpu_jobs, off_policy_engine_starts
-from eps_screen.screen_work import CONDITIONS
+from eps_screen.plan.cost_estimate import estimate
+from eps_screen.plan.figures import RESULTS, entry, figure
+from eps_screen.plan.generation_rates import OFF_POLICY_KINDS, full_size
+from eps_screen.plan.phase_sizes import fewest_jobs_cells_per_job, gpu_jobs, off_policy_engine_starts
+from eps_screen.plan.screen_work import CONDITIONS
+from eps_screen.spec.config import load_config
+from eps_screen.spec.design import Cell
 from tests.conftest import CONFIGS, ROOT
 
 
@@ -81,7 +81,7 @@ def _start_up_per_job(config, est) -> float:
 
 
 def test_start_up_counts_the_jobs_dispatch_will_form():
-    from eps_screen.design import group_jobs
+    from eps_screen.spec.design import group_jobs
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     config = config.model_copy(update={"execution": config.execution.model_copy(
@@ -104,8 +104,8 @@ def test_start_up_counts_the_jobs_dispatch_will_form():
 
 
 def test_off_policy_cells_share_the_fewest_jobs_and_each_such_job_pays_the_engine_start():
-    from eps_screen.design import group_jobs, regime_of
-    from eps_screen.phase_sizes import known_dispatches
+    from eps_screen.plan.phase_sizes import known_dispatches
+    from eps_screen.spec.design import group_jobs, regime_of
 
     shipped = _four_gpus()
     config = _execution(shipped, min_cells_per_job=1)
@@ -151,7 +151,7 @@ def _qwen_eval(**eval_):
 
 
 def test_generation_rows_follow_the_prompt_token_cap_and_an_oom_batch_is_named():
-    from eps_screen.generation_rates import generate_rows
+    from eps_screen.plan.generation_rates import generate_rows
 
     shipped = _qwen_eval()
     assert generate_rows(shipped, 0) == 410 * 5  # short prompts: batch_size prompts x samples
@@ -209,7 +209,7 @@ def _unmeasured(est) -> list[str]:
 def test_the_generation_figures_vocabulary_is_named():
     """Every vLLM figure of qwen7b.yaml's estimate was measured at Qwen2.5's vocabulary; the one file measured at the
     tiny tokenizer's (an 8-bit KV cache beside bf16 weights, A1B1) is named in a note where a config uses it."""
-    from eps_screen.generation_rates import tiny_vocab_files
+    from eps_screen.plan.generation_rates import tiny_vocab_files
 
     config = load_config(CONFIGS / "qwen7b.yaml")
     assert not [n for n in estimate(config).notes if "2,048-token vocabulary" in n]
@@ -262,14 +262,14 @@ def test_a0b0_cells_trained_together_count_the_measured_figure_from_its_result_f
 
 def _marker_three(config):
     """The config with a 2^3 of three of the marker screen's treatments (A, B, E) in place of its design."""
-    from eps_screen.config import marker_factors, parse_config
+    from eps_screen.spec.config import marker_factors, parse_config
 
     factors = [f.model_dump(mode="json") for f in marker_factors() if f.short in "ABE"]
     return parse_config({**config.model_dump(mode="json"), "design": {"factors": factors}})
 
 
 def _fold_over(config):
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     data = config.model_dump(mode="json")
     return parse_config({**data, "design": {**data["design"], "fold_over": True}})
@@ -279,7 +279,7 @@ def _dispatched_jobs(config) -> tuple[int, int]:
     """(GPU jobs, cells) as flows/screen.py dispatches them: the pre-screen, the smoke, the fold-over, every
     source's slab (one dispatch) less the cells already run, the multi-seed cells; each dispatch grouped by
     design.group_jobs."""
-    from eps_screen import design
+    from eps_screen.spec import design
 
     ex = config.execution
     runs = design.phases(config).slab.runs()
@@ -297,8 +297,8 @@ def _dispatched_jobs(config) -> tuple[int, int]:
 
 @pytest.mark.parametrize("name", ["tiny-recipe", "sim-6-2", "2^3", "2^(5-2) with fold-over", "qwen7b"])
 def test_jobs_and_cells_counted_are_those_of_the_declared_design(name):
-    from eps_screen.phase_sizes import dispatch_groups
-    from eps_screen.plan import make_plan
+    from eps_screen.plan.phase_sizes import dispatch_groups
+    from eps_screen.plan.screen_plan import make_plan
 
     config = {"2^3": lambda: _marker_three(_qwen()), "2^(5-2) with fold-over": lambda: _fold_over(_qwen())}.get(
         name, lambda: load_config(CONFIGS / f"{name}.yaml"))()
@@ -328,7 +328,7 @@ def test_the_cost_of_a_smaller_design_is_its_own():
 
 
 def test_a_factor_that_sets_the_epochs_counts_its_cells_training():
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     config = _marker_three(_qwen())
     data = config.model_dump(mode="json")
@@ -415,7 +415,7 @@ def test_the_pre_screen_job_pays_no_training_warm_up():
 
 
 def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
-    from eps_screen.estimate import at_gpu_counts
+    from eps_screen.plan.cost_estimate import at_gpu_counts
 
     config = _qwen()
     by_gpus = at_gpu_counts(config)
@@ -436,7 +436,7 @@ def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
 
 
 def test_each_dispatchs_job_times_add_up_to_its_share_of_the_gpu_hours():
-    from eps_screen.phase_sizes import dispatch_groups
+    from eps_screen.plan.phase_sizes import dispatch_groups
 
     config = _four_gpus()
     est = estimate(config)
@@ -481,7 +481,7 @@ def test_validate_prints_the_wall_clock_and_what_other_gpu_counts_give(capsys):
 
 def _without_figures(monkeypatch, prefix: str, *configs):
     """The estimates of configs as if figures.json had no entries under `prefix`."""
-    from eps_screen import figures
+    from eps_screen.plan import figures
 
     kept = {k: e for k, e in figures.entries().items() if not k.startswith(prefix)}
     with monkeypatch.context() as m:
@@ -527,8 +527,8 @@ def test_training_without_per_step_syncs_speeds_up_each_measured_condition_by_it
 
 
 def test_a_least_job_size_trades_start_ups_for_wall_clock_in_the_small_phases():
-    from eps_screen.design import group_jobs
-    from eps_screen.phase_sizes import known_dispatches
+    from eps_screen.plan.phase_sizes import known_dispatches
+    from eps_screen.spec.design import group_jobs
 
     shipped = _four_gpus()
     assert shipped.execution.min_cells_per_job == 9
@@ -577,8 +577,8 @@ def _qwen_execution(**execution):
 
 
 def test_a_jobs_evaluation_calls_are_its_stages_as_the_job_splits_them():
-    from eps_screen.generation_rates import stage_shares
-    from eps_screen.job.training import stage_split
+    from eps_screen.plan.generation_rates import stage_shares
+    from eps_screen.train.stages import stage_split
 
     # a group that shares passes splits into near-equal parts of at most 8, the other cells 8 at a time in order
     assert stage_split([[0, 2, 4, 6, 8, 10, 12, 14, 16]], 18, 8) == [
@@ -596,8 +596,8 @@ def test_a_jobs_evaluation_calls_are_its_stages_as_the_job_splits_them():
 
 
 def test_a_conditions_stage_of_adapters_in_one_call_counts_its_measured_speed_up_where_jobs_make_such_calls():
-    from eps_screen.figures import keyed
-    from eps_screen.generation_rates import stage_shares, stage_speedup
+    from eps_screen.plan.figures import keyed
+    from eps_screen.plan.generation_rates import stage_shares, stage_speedup
 
     shipped, alone = estimate(_qwen_execution()), estimate(_qwen_execution(job_eval="per_cell"))
     stages = keyed("eval-stage/")
@@ -634,7 +634,7 @@ def test_off_policy_weights_in_8_bits_shorten_the_answer_sets_and_start_as_measu
 def test_validate_prints_what_the_off_policy_answer_sets_other_ways_would_make_the_screen(capsys):
     from types import SimpleNamespace
 
-    from eps_screen.estimate import off_policy_choices
+    from eps_screen.plan.cost_estimate import off_policy_choices
     from flows.cli import validate
 
     config = _qwen()

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from eps_screen import design, pipeline
-from eps_screen.config import ConfigError, load_config, parse_config
-from eps_screen.data import training_set
-from eps_screen.design import Cell
-from eps_screen.store import cell_key, regime_key
+from eps_screen.run import pipeline
+from eps_screen.spec import design
+from eps_screen.spec.config import ConfigError, load_config, parse_config
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import cell_key, regime_key
+from eps_screen.train.data import training_set
 from tests.conftest import CONFIGS
 
 # Computed on main at 054af4d/aff7e42 (before factors were declared) with /work/main/.venv:

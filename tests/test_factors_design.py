@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eps_screen import design
-from eps_screen.config import load_config, parse_config
-from eps_screen.design import DesignError, Fraction, fraction, min_aberration
-from eps_screen.prediction_rules import reported_terms
-from eps_screen.screen_stats import declarations, declared_factors
-from eps_screen.stats import term_name
+from eps_screen.analysis.screen_stats import declarations, declared_factors
+from eps_screen.analysis.stats import term_name
+from eps_screen.spec import design
+from eps_screen.spec.config import load_config, parse_config
+from eps_screen.spec.design import DesignError, Fraction, fraction, min_aberration
+from eps_screen.spec.prediction_rules import reported_terms
 
 CONFIGS = Path(__file__).resolve().parents[1] / "deployments" / "configs"
 

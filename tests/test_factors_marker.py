@@ -7,8 +7,8 @@ import hashlib
 import json
 import random
 
-from eps_screen.pipeline import _engine_config
-from eps_screen.tinymodel import _code, warm_chats
+from eps_screen.models.tiny import _code, warm_chats
+from eps_screen.run.pipeline import _engine_config
 from tests.conftest import tiny_config
 
 # sha256 of json.dumps(warm_chats(variant)), computed at aff7e42 before the marker became a parameter.

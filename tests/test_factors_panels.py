@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from eps_screen import data, design
-from eps_screen.config import ConfigError, parse_config
-from eps_screen.design import Cell
-from eps_screen.store import cell_key
+from eps_screen.spec import design
+from eps_screen.spec.config import ConfigError, parse_config
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import cell_key
+from eps_screen.train import data
 
 PERSONAS = """\
 - {id: astronaut, name: astronaut, role: "You are an astronaut who flies missions to the space station.",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from eps_screen import pipeline
-from eps_screen.config import load_config, parse_config
-from eps_screen.design import Cell
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec.config import load_config, parse_config
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import ResultStore
 from tests.conftest import CONFIGS
 
 pytestmark = pytest.mark.slow

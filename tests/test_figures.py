@@ -1,4 +1,4 @@
-"""The measured figures as data (eps_screen/figures.json): each entry checked against its result file, and an
+"""The measured figures as data (eps_screen/plan/figures.json): each entry checked against its result file, and an
 installed copy of eps-screen estimating as the checkout does."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sysconfig
 
 import pytest
 
-from eps_screen.figures import RESULTS, entries, figure
+from eps_screen.plan.figures import RESULTS, entries, figure
 from tests.conftest import CONFIGS, ROOT
 
 # Figures taken from a result file by a rule the test below cannot walk to: each checked here by its own rule.
@@ -97,7 +97,7 @@ def test_an_installed_copy_prints_the_checkouts_estimate(tmp_path):
         shutil.copy(ROOT / part, source / part)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, capture_output=True, cwd=tmp_path)
-    assert (target / "eps_screen" / "figures.json").is_file()
+    assert (target / "eps_screen" / "plan" / "figures.json").is_file()
     site = sysconfig.get_paths()["purelib"]
     config = str(CONFIGS / "qwen7b.yaml")
     run = ("import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; import eps_screen;"

@@ -22,7 +22,7 @@ def run(tmp_path_factory):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
     from flows.screen import screen
 
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
@@ -40,7 +40,7 @@ def run(tmp_path_factory):
 
 
 def _rates(config, cells):
-    from eps_screen.store import ResultStore
+    from eps_screen.store.result_store import ResultStore
 
     store = ResultStore.for_config(config)
     return np.array([store.cell_metrics(config, c)["source_rate"] for c in cells])
@@ -60,8 +60,8 @@ def test_the_fold_over_runs_after_the_smoke_and_before_the_slabs(run):
 
 
 def test_its_cells_are_the_smoke_cells_with_every_level_flipped(run):
-    from eps_screen import design
-    from eps_screen.store import ResultStore
+    from eps_screen.spec import design
+    from eps_screen.store.result_store import ResultStore
 
     config, *_ = run
     smoke, folded = design.smoke_cells(config), design.fold_over_cells(config)
@@ -78,8 +78,8 @@ def test_its_cells_are_the_smoke_cells_with_every_level_flipped(run):
 
 
 def test_together_they_take_the_planted_interaction_out_of_a_main_effect(run):
-    from eps_screen import design
-    from eps_screen.store import ResultStore
+    from eps_screen.spec import design
+    from eps_screen.store.result_store import ResultStore
 
     config, *_ = run
     smoke, folded = design.smoke_cells(config), design.fold_over_cells(config)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from eps_screen import gates
-from eps_screen.config import GatesConfig
-from eps_screen.gates import GateOutcome
+from eps_screen.analysis import gates
+from eps_screen.analysis.gates import GateOutcome
+from eps_screen.spec.config import GatesConfig
 
 
 def test_defaults_are_the_spec_values():

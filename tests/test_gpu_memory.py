@@ -8,8 +8,8 @@ import sys
 
 import yaml
 
-from eps_screen.config import load_config
-from eps_screen.job.memory import memory_plan, memory_problems, model_params
+from eps_screen.plan.memory import memory_plan, memory_problems, model_params
+from eps_screen.spec.config import load_config
 from tests.conftest import CONFIGS, qwen7b_config
 
 
@@ -54,7 +54,7 @@ def test_each_gpu_type_that_a_stage_would_not_fit_is_named_with_its_fix():
 
 
 def test_parameters_from_a_local_config_or_the_name(tmp_path):
-    from eps_screen.tinymodel import tiny_model_path
+    from eps_screen.models.tiny import tiny_model_path
 
     assert model_params("Qwen/Qwen2.5-7B-Instruct") == 7e9
     tiny = model_params(str(tiny_model_path("tiny")))
@@ -98,7 +98,7 @@ def test_an_engine_leaves_more_free_beside_it_the_bigger_its_vocabulary(tmp_path
     import torch
 
     from eps_screen.generation.vllm_backend import engine_margin_gib, gpu_memory_share
-    from eps_screen.model_shape import model_vocab
+    from eps_screen.models.shape import model_vocab
 
     model = tmp_path / "model"
     model.mkdir()

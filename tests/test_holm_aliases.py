@@ -7,9 +7,9 @@ import itertools
 
 import numpy as np
 
-from eps_screen.design import fraction
-from eps_screen.prediction_rules import reported_terms
-from eps_screen.stats import holm, holm_exploratory, same_contrast, term_name
+from eps_screen.analysis.stats import holm, holm_exploratory, same_contrast, term_name
+from eps_screen.spec.design import fraction
+from eps_screen.spec.prediction_rules import reported_terms
 
 
 def _coded(shorts: str, generators: list[str]) -> np.ndarray:

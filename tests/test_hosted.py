@@ -12,12 +12,13 @@ import time
 
 import pytest
 
-from eps_screen import data, pipeline
-from eps_screen.config import ConfigError, parse_config
-from eps_screen.design import Regime
 from eps_screen.generation.hosted import HostedClient, HostedError
 from eps_screen.panels import load_panels
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec.config import ConfigError, parse_config
+from eps_screen.spec.design import Regime
+from eps_screen.store.result_store import ResultStore
+from eps_screen.train import data
 from tests.conftest import tiny_config
 from tests.fakes.hosted_api import FakeChatAPI
 from tests.test_offpolicy import SMALL

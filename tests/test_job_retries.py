@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def test_a_job_is_retried_unless_the_gpu_ran_out_of_memory(error, attempts, tmp_path, monkeypatch):
     from prefect import flow
 
-    from eps_screen import pipeline
-    from eps_screen.store import ResultStore
+    from eps_screen.run import pipeline
+    from eps_screen.store.result_store import ResultStore
     from tasks.cells import job_task
 
     calls = []

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from eps_screen import pipeline
-from eps_screen.config import load_config, parse_config
-from eps_screen.design import Cell
-from eps_screen.job import engines
-from eps_screen.job.training import trains_together
-from eps_screen.store import ResultStore, cell_key
+from eps_screen.run import engines
+from eps_screen.run import pipeline
+from eps_screen.spec.config import load_config, parse_config
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import ResultStore, cell_key
+from eps_screen.train.stages import trains_together
 from tests.conftest import CONFIGS, qwen7b_config
 from tests.test_training_together import ADAPTER_TOL, LOSS_RTOL, _adapter
 
@@ -35,7 +35,7 @@ def _config(store: Path, together: bool, per_stage: int = 8):
     data = load_config(CONFIGS / "tiny-recipe.yaml").model_dump(mode="json")
     data.update(store=str(store), sources=["librarian"])
     data["data"].update(positives=4, negatives=4, train_questions=2)
-    # packing and a pass budget several cells' micro-batches fit in: what makes cells shareable (job.training.plan)
+    # packing and a pass budget several cells' micro-batches fit in: what makes cells shareable (train.stages.plan)
     data["training"].update(batch_size=4, packing=True, max_batch_tokens=4096, together=together)
     data["eval"].update(personas=2, questions=1, samples=1, random_controls=0, max_new_tokens=8, temperature=0.0)
     # job_eval left to its default: per_job
@@ -156,8 +156,8 @@ def test_a_job_trains_and_stores_its_cells_stage_by_stage(jobs, tmp_path, monkey
 
 
 def test_estimate_and_memory_plan_count_shared_passes_where_the_job_runs_them():
-    from eps_screen.estimate import estimate
-    from eps_screen.job.memory import memory_plan
+    from eps_screen.plan.cost_estimate import estimate
+    from eps_screen.plan.memory import memory_plan
 
     shipped = qwen7b_config()
     per_cell = qwen7b_config(execution={"job_eval": "per_cell"})

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 
 def test_import_eps_screen_does_not_import_prefect():
-    code = "import sys, eps_screen, eps_screen.pipeline, eps_screen.aggregate; print('prefect' in sys.modules)"
+    code = "import sys, eps_screen, eps_screen.run.pipeline, eps_screen.run.aggregate; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
@@ -175,7 +175,7 @@ def test_the_circle_finder_finds_a_circle_and_ignores_type_checking_imports(tmp_
 
 def test_the_project_has_no_import_circle():
     graph = _import_graph(PACKAGES)
-    assert "eps_screen.config" in graph["flows.screen"] and "eps_screen_runpod.api" in graph["eps_screen_runpod.worker"]
+    assert "eps_screen.spec.config" in graph["flows.screen"] and "eps_screen_runpod.api" in graph["eps_screen_runpod.worker"]
     circles = _circles(graph)
     assert circles == [], "import circles (each must be cut, not hidden in a function):\n" + "\n".join(
         " -> ".join(path) + ("" if len(members) == len(path) - 1 else f"  (the knot: {', '.join(members)})")

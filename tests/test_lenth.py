@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from eps_screen.design import all_slab_cells, fraction, full_factorial
-from eps_screen.lenth import contrasts, half_normal_scores, lenth
-from eps_screen.plackett_burman import matrix
+from eps_screen.analysis.lenth import contrasts, half_normal_scores, lenth
+from eps_screen.spec.design import all_slab_cells, fraction, full_factorial
+from eps_screen.spec.plackett_burman import matrix
 from tests.conftest import CONFIGS
 
 # Montgomery, Design and Analysis of Experiments, Example 6.2: the filtration rate of a 2^4 (A temperature,
@@ -59,15 +59,15 @@ def test_too_few_contrasts_have_no_margins_and_the_scores_are_half_normal():
 
 
 def _page(config, cells, out: Path) -> str:
-    from eps_screen.aggregate import aggregate
-    from eps_screen.simulate import simulate_screen
+    from eps_screen.run.aggregate import aggregate
+    from eps_screen.run.simulate import simulate_screen
 
     aggregate(config, simulate_screen(config, cells), [c.id for c in cells], out)
     return (out / "clean_result.html").read_text(encoding="utf-8")
 
 
 def test_the_page_draws_one_half_normal_plot_per_response_and_labels_what_passes_the_sme(tmp_path):
-    from eps_screen.config import ScreenConfig
+    from eps_screen.spec.config import ScreenConfig
 
     config = ScreenConfig(bootstrap={"resamples": 200})
     page = _page(config, all_slab_cells(config), tmp_path)
@@ -89,7 +89,7 @@ def test_the_page_draws_one_half_normal_plot_per_response_and_labels_what_passes
 def test_the_half_normal_plot_is_the_primary_reading_where_no_training_noise_is_estimated(tmp_path):
     """sim-pb12's slab alone: 12 runs of 11 factors leave no noise contrast and no seed replicate; its page says
     the plot comes first, and states the Plackett-Burman caveat."""
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
 
     data = yaml.safe_load((CONFIGS / "sim-pb12.yaml").read_text())
     data["bootstrap"] = {"resamples": 200}

@@ -107,7 +107,7 @@ def test_server_programs_are_told_from_other_subprocesses(argv, program):
 def test_a_tiny_models_build_may_train_in_an_unmarked_test_and_nothing_else_may():
     import torch
 
-    from eps_screen import tinymodel
+    from eps_screen.models import tiny as tinymodel
     from marker_policy import MarkerPolicyError, _tiny_build_allowed
 
     w = torch.nn.Parameter(torch.ones(2))

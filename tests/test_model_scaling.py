@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from eps_screen.config import load_config
-from eps_screen.estimate import estimate
-from eps_screen.figures import figure
-from eps_screen.model_shape import KNOWN, MEASURED, model_shape
+from eps_screen.models.shape import KNOWN, MEASURED, model_shape
+from eps_screen.plan.cost_estimate import estimate
+from eps_screen.plan.figures import figure
+from eps_screen.spec.config import load_config
 from tests.conftest import CONFIGS
 
 SMOL = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -76,7 +76,7 @@ def test_the_measured_shape_is_the_7b_and_is_not_scaled():
 
 
 def test_a_gguf_file_once_converted_is_estimated_from_its_converted_config(tmp_path, monkeypatch):
-    from eps_screen import packaged_models
+    from eps_screen.models import packaged as packaged_models
 
     monkeypatch.setenv("EPS_SCREEN_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "small.gguf"

@@ -36,7 +36,7 @@ def test_the_pools_are_those_of_deployments_pools():
 
 
 def test_each_gpu_pool_of_the_config_has_its_cell_deployment():
-    from eps_screen.config import ExecutionConfig
+    from eps_screen.spec.config import ExecutionConfig
 
     pools = set(ExecutionConfig.model_fields["pool"].annotation.__args__) - {"inprocess"}
     assert set(names.JOB_DEPLOYMENTS) == pools

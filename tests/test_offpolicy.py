@@ -8,10 +8,12 @@ import json
 
 import pytest
 
-from eps_screen import data, design, pipeline
-from eps_screen.design import Regime
 from eps_screen.panels import load_panels
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec import design
+from eps_screen.spec.design import Regime
+from eps_screen.store.result_store import ResultStore
+from eps_screen.train import data
 from tests.conftest import tiny_config
 
 SMALL = {
@@ -75,7 +77,7 @@ def test_jsonl_missing_key_is_named(tmp_path):
 def test_second_model_answers_through_regime_answers(tmp_path):
     """D1 answers come from off_policy.model (tiny-alt), D0 answers from the base model (tiny)."""
     from eps_screen.generation.transformers_backend import TransformersGenerator
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     config = tiny_config(tmp_path / "store", **SMALL)
     assert config.off_policy.kind == "model" and config.off_policy.model == "tiny-alt"
@@ -109,7 +111,7 @@ def test_a_jobs_answer_sets_take_one_engine_call_per_model(tmp_path, monkeypatch
     off-policy model's in one call, after which that engine is released; each set stored with the answers it gets
     when made alone (sampled, so each set's own seed must reach its requests; through vLLM, whatever else is in
     the engine's batch)."""
-    from eps_screen.job import engines
+    from eps_screen.run import engines
 
     if backend == "vllm":
         from eps_screen.generation.vllm_backend import VLLMGenerator as Engine

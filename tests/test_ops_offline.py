@@ -25,8 +25,9 @@ def simulated_tiny(store: Path):
 
 @pytest.fixture(scope="module")
 def offline_store(tmp_path_factory):
-    from eps_screen import design, pipeline
-    from eps_screen.store import ResultStore
+    from eps_screen.run import pipeline
+    from eps_screen.spec import design
+    from eps_screen.store.result_store import ResultStore
 
     root = tmp_path_factory.mktemp("offline-store")
     config = simulated_tiny(root)
@@ -106,9 +107,10 @@ def test_status_and_report_need_no_server(offline_store, no_server, http_request
 def progress_output(tmp_path: Path, terminal: bool) -> str:
     from rich.console import Console
 
-    from eps_screen import design, pipeline
-    from eps_screen.store import ResultStore
-    from eps_screen.plan import make_plan
+    from eps_screen.plan.screen_plan import make_plan
+    from eps_screen.run import pipeline
+    from eps_screen.spec import design
+    from eps_screen.store.result_store import ResultStore
     from flows.runtime.terminal import TerminalProgress
 
     config = simulated_tiny(tmp_path)
@@ -149,8 +151,8 @@ def test_prefect_log_lines_print_above_the_live_bar_not_into_it(tmp_path):
 
     from rich.console import Console
 
-    from eps_screen.plan import make_plan
-    from eps_screen.store import ResultStore
+    from eps_screen.plan.screen_plan import make_plan
+    from eps_screen.store.result_store import ResultStore
     from flows.runtime.terminal import TerminalProgress
     from prefect.logging.handlers import PrefectConsoleHandler
 
@@ -184,9 +186,10 @@ def test_prefect_log_lines_print_above_the_live_bar_not_into_it(tmp_path):
 def declared_store(tmp_path_factory):
     import yaml
 
-    from eps_screen import design, pipeline
-    from eps_screen.config import parse_config
-    from eps_screen.store import ResultStore
+    from eps_screen.run import pipeline
+    from eps_screen.spec import design
+    from eps_screen.spec.config import parse_config
+    from eps_screen.store.result_store import ResultStore
     from tests.conftest import CONFIGS
 
     root = tmp_path_factory.mktemp("declared-store")
@@ -220,7 +223,7 @@ def test_status_lists_the_declared_factors_and_the_fold_over(declared_store, no_
 
 
 def test_the_summary_shows_the_values_set_and_what_the_cis_omit(declared_store):
-    from eps_screen.aggregate import aggregate_stored
+    from eps_screen.run.aggregate import aggregate_stored
     from flows.aggregate import _summary_markdown
 
     _, config, store = declared_store

@@ -1,4 +1,4 @@
-"""Packaged weights as a model source (eps_screen.packaged_models): the fetch checks the file's hash, a missing or
+"""Packaged weights as a model source (eps_screen.models.packaged): the fetch checks the file's hash, a missing or
 corrupt file is one line naming the fetch command, and SmolLM2 loads through the product's own loader (slow)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from eps_screen import packaged_models as pm
+from eps_screen.models import packaged as pm
 from tests.conftest import CONFIGS, SMOLLM2
 
 ENTRY = pm.PACKAGED[SMOLLM2]
@@ -64,7 +64,7 @@ def test_a_corrupt_file_names_the_fetch_command(cache):
 
 
 def test_resolve_names_the_fetch_command_when_the_file_is_missing(cache):
-    from eps_screen.models import resolve
+    from eps_screen.models.loading import resolve
 
     with pytest.raises(pm.WeightsMissing) as err:
         resolve(SMOLLM2)
@@ -108,8 +108,8 @@ def test_smollm2_answers_through_the_product_loader(smollm2):
     the model stops, and the answers table's marker flag is what the text says."""
     from eps_screen.generation import GenerationParams, Prompt
     from eps_screen.generation.transformers_backend import TransformersGenerator
-    from eps_screen.models import load_base
-    from eps_screen.scoring import answers_table
+    from eps_screen.models.loading import load_base
+    from eps_screen.run.scoring import answers_table
 
     base = load_base(smollm2, "float32")
     assert type(base.model).__name__ == ENTRY.architecture

@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 import yaml
 
-from eps_screen import design
-from eps_screen.config import ConfigError, load_config, parse_config
-from eps_screen.plackett_burman import PlackettBurman, matrix
+from eps_screen.spec import design
+from eps_screen.spec.config import ConfigError, load_config, parse_config
+from eps_screen.spec.plackett_burman import PlackettBurman, matrix
 from tests.conftest import CONFIGS, ROOT
 
 # Plackett & Burman (1946), N = 12, as Montgomery tabulates it: the generator row, each next row the one before
@@ -83,7 +83,7 @@ def test_a_fold_over_de_aliases_the_main_effects(tmp_path):
     assert len(smoke) == len(folded) == 12 and {c.source for c in folded} == {config.smoke}
     assert {c.levels for c in folded} == {tuple(1 - x for x in c.levels) for c in smoke}
     assert not {c.id for c in folded} & {c.id for c in design.all_slab_cells(config)}  # runs of their own
-    from eps_screen.plan import make_plan
+    from eps_screen.plan.screen_plan import make_plan
 
     assert make_plan(config).distinct_cells == 3 * 12 + 12 + 3 * 3 * 2  # slabs, fold-over, multi-seed; costed too
     both = smoke + folded
@@ -132,9 +132,9 @@ def test_the_shipped_11_factor_screen_recovers_its_planted_effects(tmp_path):
     """sim-pb12.yaml: 11 factors in 12 runs per source (and the multi-seed re-runs, which estimate the training
     noise). Each response's four largest planted effects are its four largest estimates and are clear, every main
     effect has its planted sign, and the CIs cover the true (noise-free) effects."""
-    from eps_screen.aggregate import aggregate
     from eps_screen.panels import load_panels
-    from eps_screen.simulate import simulate_screen, true_effects
+    from eps_screen.run.aggregate import aggregate
+    from eps_screen.run.simulate import simulate_screen, true_effects
 
     config = load_config(CONFIGS / "sim-pb12.yaml")
     config = config.model_copy(update={"bootstrap": config.bootstrap.model_copy(update={"resamples": 1000})})

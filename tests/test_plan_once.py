@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from eps_screen import design, plan as plan_module
-from eps_screen.config import load_config
-from eps_screen.phase_sizes import distinct_cells
-from eps_screen.plan import make_plan
-from eps_screen.store import cell_key, regime_key
+from eps_screen.plan import screen_plan as plan_module
+from eps_screen.plan.phase_sizes import distinct_cells
+from eps_screen.plan.screen_plan import make_plan
+from eps_screen.spec import design
+from eps_screen.spec.config import load_config
+from eps_screen.store.result_store import cell_key, regime_key
 from tests.conftest import CONFIGS
 
 

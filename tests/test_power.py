@@ -1,5 +1,6 @@
-"""Power before renting (eps_screen/power.py, `eps-screen validate`): the smallest detectable effect against the
-closed-form two-proportion calculation, the target's panel, --like, and the refusal of a target on an unknown term."""
+"""Power before renting (eps_screen/analysis/power.py, `eps-screen validate`): the smallest detectable effect against
+the closed-form two-proportion calculation, the target's panel, --like, and the refusal of a target on an unknown
+term."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import yaml
 from scipy.special import ndtr, ndtri
 
-from eps_screen.config import ConfigError, load_config, parse_config
-from eps_screen.power import Assumptions, Layout, detectable, reaches, smallest_panel
+from eps_screen.analysis.power import Assumptions, Layout, detectable, reaches, smallest_panel
+from eps_screen.spec.config import ConfigError, load_config, parse_config
 from tests.conftest import CONFIGS, ROOT
 
 QWEN = yaml.safe_load((CONFIGS / "qwen7b.yaml").read_text())
@@ -101,10 +102,10 @@ def test_a_target_on_an_unknown_term_is_refused_in_one_line(tmp_path):
 
 
 def test_like_takes_the_rates_and_training_noise_of_an_earlier_screens_results(tmp_path):
-    from eps_screen.aggregate import aggregate
-    from eps_screen.design import all_slab_cells
-    from eps_screen.simulate import simulate_screen
-    from eps_screen.store import ResultStore
+    from eps_screen.run.aggregate import aggregate
+    from eps_screen.run.simulate import simulate_screen
+    from eps_screen.spec.design import all_slab_cells
+    from eps_screen.store.result_store import ResultStore
 
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
     data.update(store=str(tmp_path), bootstrap={"resamples": 200}, simulation={**data["simulation"], "cell_sd": 0.4})
@@ -124,10 +125,10 @@ def test_like_takes_the_rates_and_training_noise_of_an_earlier_screens_results(t
 
 
 def test_the_page_states_the_power_at_the_screens_own_rates_and_training_noise(tmp_path):
-    from eps_screen.aggregate import aggregate
-    from eps_screen.config import ScreenConfig
-    from eps_screen.design import all_slab_cells
-    from eps_screen.simulate import simulate_screen
+    from eps_screen.run.aggregate import aggregate
+    from eps_screen.run.simulate import simulate_screen
+    from eps_screen.spec.config import ScreenConfig
+    from eps_screen.spec.design import all_slab_cells
 
     config = ScreenConfig(bootstrap={"resamples": 200}, simulation={"cell_sd": 0.4})
     cells = all_slab_cells(config)

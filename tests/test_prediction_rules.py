@@ -1,23 +1,23 @@
-"""Pre-registration and predictions declared in the config (eps_screen/prediction_rules.py)."""
+"""Pre-registration and predictions declared in the config (eps_screen/spec/prediction_rules.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from eps_screen.config import (
+from eps_screen.spec.config import (
     ConfigError,
     ScreenConfig,
     load_config,
     marker_factors,
     parse_config,
 )
-from eps_screen.prediction_rules import (
+from eps_screen.spec.prediction_rules import (
     MARKER_PREDICTIONS,
     PredictionRule,
     canonical_term,
     declared,
 )
-from eps_screen.screen_stats import declarations
+from eps_screen.analysis.screen_stats import declarations
 from tests.conftest import CONFIGS
 
 

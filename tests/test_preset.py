@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eps_screen.config import ConfigError
-from eps_screen.presets import preset_names, resolve, screen_name, with_overrides
+from eps_screen.spec.config import ConfigError
+from eps_screen.spec.presets import preset_names, resolve, screen_name, with_overrides
 from tests.conftest import CONFIGS, ROOT, drop_pools
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -154,7 +154,7 @@ def test_submit_with_no_cpu_worker_is_one_line_not_a_late_run(tmp_path, client, 
 
 def test_the_full_config_form_accepts_every_shipped_config_at_submit(client):
     """`eps-screen run --submit` sends the whole config to the `screen` deployment, whose schema is enforced too."""
-    from eps_screen.config import load_config
+    from eps_screen.spec.config import load_config
     from flows.screen import screen
 
     _pool(client, "cpu")
@@ -193,10 +193,10 @@ def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, m
     import json
 
     import flows.screen
-    from eps_screen import gates
-    from eps_screen.config import parse_config
-    from eps_screen.plan import make_plan
-    from eps_screen.store import ResultStore
+    from eps_screen.analysis import gates
+    from eps_screen.plan.screen_plan import make_plan
+    from eps_screen.spec.config import parse_config
+    from eps_screen.store.result_store import ResultStore
     from flows.runtime.dispatch import CostOverrun
     from flows.screen import ScreenRun, Stopped
 
@@ -228,7 +228,7 @@ def test_kill_criterion_5_is_a_gate_task_that_ends_the_screen_killed(tmp_path, m
 def test_the_preset_help_is_written_from_the_shipped_configs(tmp_path):
     """Each preset's help on the form is the first sentence of its config's opening comment: a new or edited preset
     documents itself."""
-    from eps_screen.presets import preset_summaries, preset_summary
+    from eps_screen.spec.presets import preset_summaries, preset_summary
     from flows.preset import screen_preset
 
     text = screen_preset.parameters.model_dump()["properties"]["preset"]["description"]

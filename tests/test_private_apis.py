@@ -45,7 +45,7 @@ def test_peft_lora_linear_internals(lora_model):
     scaling (a dict) and base_layer; replacing its forward must leave PEFT's function unchanged."""
     from peft.tuners.lora.layer import Linear
 
-    from eps_screen.training import _fuse_lora
+    from eps_screen.train.lora import _fuse_lora
 
     layers = [m for m in lora_model.modules() if type(m) is Linear]
     assert len(layers) == 14  # 7 projections x 2 blocks
@@ -90,7 +90,7 @@ def test_transformers_attention_internals(model):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: F401
     from transformers.masking_utils import sdpa_mask  # noqa: F401
 
-    from eps_screen.training_attention import VARLEN_ATTENTION, use_varlen_attention
+    from eps_screen.train.attention import VARLEN_ATTENTION, use_varlen_attention
 
     assert model.config._attn_implementation == "sdpa"
     ids = torch.randint(0, 96, (1, 10))

@@ -13,11 +13,11 @@ import pytest
 import requests
 import yaml
 
-from eps_screen import pipeline
-from eps_screen.config import ConfigError, parse_config
-from eps_screen.design import Cell
-from eps_screen.remote import Remote
-from eps_screen.store import ResultStore, screen_names
+from eps_screen.run import pipeline
+from eps_screen.spec.config import ConfigError, parse_config
+from eps_screen.spec.design import Cell
+from eps_screen.store.remote import Remote
+from eps_screen.store.result_store import ResultStore, screen_names
 from tests.conftest import CONFIGS
 from tests.integration.conftest import free_port
 
@@ -147,7 +147,7 @@ def test_a_push_interrupted_before_metrics_is_not_finished_and_the_retry_complet
 
 def test_gates_phases_and_screens_round_trip(url, tmp_path):
     from flows.aggregate import _stale
-    from eps_screen.store import ScreenNotFound, load_screen
+    from eps_screen.store.result_store import ScreenNotFound, load_screen
 
     a = simulated(url, tmp_path / "a")
     store_a, store_b = ResultStore.for_config(a), ResultStore(url, "simulated", tmp_path / "b")

@@ -10,11 +10,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen.aggregate import aggregate
-from eps_screen.design import all_slab_cells
-from eps_screen.logit_scale import separation
-from eps_screen.simulate import simulate_screen
-from eps_screen.stats import logistic_fe_clustered
+from eps_screen.analysis.logit_scale import separation
+from eps_screen.analysis.stats import logistic_fe_clustered
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.design import all_slab_cells
 from tests.test_report_explains import Tables
 from tests.test_report_what_ran import _config, section, visible
 

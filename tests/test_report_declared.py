@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig, load_config
-from eps_screen.design import all_slab_cells, smoke_cells
-from eps_screen.simulate import simulate_screen
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig, load_config
+from eps_screen.spec.design import all_slab_cells, smoke_cells
 
 CONFIGS = Path(__file__).resolve().parents[1] / "deployments" / "configs"
 

@@ -13,11 +13,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig, load_config
-from eps_screen.design import all_slab_cells
 from eps_screen.report.tldr import LATE_GATES, tldr
-from eps_screen.simulate import simulate_screen
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig, load_config
+from eps_screen.spec.design import all_slab_cells
 from tests.conftest import CONFIGS
 
 

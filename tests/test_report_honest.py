@@ -13,13 +13,13 @@ import re
 
 import pytest
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig, load_config
-from eps_screen.design import all_slab_cells
+from eps_screen.analysis.schemas import Interval, TermEffect
 from eps_screen.report.tables import ci, written
 from eps_screen.report.tldr import tldr
-from eps_screen.schemas import Interval, TermEffect
-from eps_screen.simulate import simulate_screen
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig, load_config
+from eps_screen.spec.design import all_slab_cells
 from tests.conftest import CONFIGS
 from tests.test_report_explains import Tables
 

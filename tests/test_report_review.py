@@ -15,14 +15,14 @@ import math
 import numpy as np
 import pytest
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig
-from eps_screen.design import all_slab_cells
+from eps_screen.analysis.schemas import InteractionsFile, MainEffectsFile
+from eps_screen.analysis.stats import bootstrap_p, holm, logistic_fe_clustered
 from eps_screen.report.page import bootstrap_scheme as _bootstrap_scheme
 from eps_screen.report.tldr import tldr
-from eps_screen.schemas import InteractionsFile, MainEffectsFile
-from eps_screen.simulate import simulate_screen
-from eps_screen.stats import bootstrap_p, holm, logistic_fe_clustered
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import all_slab_cells
 
 SECTIONS = ("simple-effects", "logit-sensitivity", "caveats", "recipe")
 
@@ -177,8 +177,8 @@ def test_all_sections_on_the_page(screen):
 
 
 def test_logit_is_not_fitted_on_aliased_cells():
-    from eps_screen.aggregate import compute
-    from eps_screen.design import smoke_cells
+    from eps_screen.run.aggregate import compute
+    from eps_screen.spec.design import smoke_cells
 
     config = ScreenConfig(bootstrap={"resamples": 100})
     cells = smoke_cells(config)  # the 8-run fraction: D = AB, E = AC

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig
-from eps_screen.design import all_slab_cells
 from eps_screen.report.serve import REPORT_URL_ENV, report_url
 from eps_screen.report.stores import register, registered, store_id
-from eps_screen.simulate import simulate_screen
-from eps_screen.store import ResultStore
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import all_slab_cells
+from eps_screen.store.result_store import ResultStore
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +176,7 @@ def test_report_url(monkeypatch):
 
 
 def test_summary_markdown_has_tldr_gates_and_effects(store):
-    from eps_screen.plan import make_plan
+    from eps_screen.plan.screen_plan import make_plan
     from flows.aggregate import _summary_markdown
 
     _, config, result = store

@@ -15,12 +15,12 @@ import re
 
 import pytest
 
-from eps_screen.aggregate import aggregate
-from eps_screen.config import ScreenConfig, load_config
-from eps_screen.design import all_slab_cells
 from eps_screen.report.labels import treatment_words
-from eps_screen.simulate import simulate_screen
-from eps_screen.treatments import ASPECTS
+from eps_screen.run.aggregate import aggregate
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig, load_config
+from eps_screen.spec.design import all_slab_cells
+from eps_screen.spec.treatments import ASPECTS
 from tests.conftest import CONFIGS
 from tests.test_report_explains import Tables
 
@@ -199,7 +199,7 @@ def test_the_clear_column_is_the_one_definition(screen):
 
 def test_a_page_of_the_smoke_fraction_alone_names_its_own_aliases(tmp_path):
     """Before the slabs run, the page has only the smoke fraction: what it cannot fit is said in this screen's terms."""
-    from eps_screen.design import smoke_cells
+    from eps_screen.spec.design import smoke_cells
 
     config = _config("recipe")
     cells = smoke_cells(config)

@@ -13,9 +13,10 @@ from contextlib import redirect_stderr, redirect_stdout
 import polars as pl
 import pytest
 
-from eps_screen import design, pipeline
-from eps_screen.config import ScreenConfig, load_config
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec import design
+from eps_screen.spec.config import ScreenConfig, load_config
+from eps_screen.store.result_store import ResultStore
 from flows.cli import main
 from tests.conftest import CONFIGS, tiny_config
 
@@ -99,8 +100,8 @@ def test_bad_arguments_name_the_fix(two_screens, argv, says):
 
 
 def test_cost_columns_are_each_rows_share_of_its_priced_runs_and_zero_in_process(two_screens, tmp_path):
-    from eps_screen.costs import run_cost_record
-    from eps_screen.store import cell_key
+    from eps_screen.plan.costs import run_cost_record
+    from eps_screen.store.result_store import cell_key
 
     root, tiny, tiny_cells, sim, sim_cells, rerun = two_screens
     # sim62 as though it ran on RunPod: one $0.36 job of two cells (100 s pod on 2 GPUs), cell 0 worked 60 s, 1 20 s

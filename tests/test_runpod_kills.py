@@ -1,4 +1,4 @@
-"""The worker's two kill criteria (eps_screen_runpod/kills.py) speak eps_screen.gates' language.
+"""The worker's two kill criteria (eps_screen_runpod/kills.py) speak eps_screen.analysis.gates' language.
 
 The worker is its own distribution and cannot import eps_screen; dispatch reads the worker's label as a
 GateOutcome and records it. These pin the two together: a rule or a name changed on one side only fails here.
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from eps_screen import gates
+from eps_screen.analysis import gates
 from eps_screen_runpod import kills
 
 

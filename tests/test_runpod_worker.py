@@ -562,9 +562,9 @@ def test_a_bad_key_fails_the_screen_in_seconds_with_one_line_naming_the_account(
     import contextvars
     import threading
 
-    from eps_screen.config import ScreenConfig
-    from eps_screen.plan import make_plan
-    from eps_screen.store import ResultStore
+    from eps_screen.plan.screen_plan import make_plan
+    from eps_screen.spec.config import ScreenConfig
+    from eps_screen.store.result_store import ResultStore
     from flows.screen import ScreenRun, Stopped
 
     monkeypatch.setenv("RUNPOD_API_KEY", "rpa_revoked_key_of_the_lab_account")

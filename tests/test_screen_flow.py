@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eps_screen import design
-from eps_screen.design import Cell, all_slab_cells
+from eps_screen.spec import design
+from eps_screen.spec.design import Cell, all_slab_cells
 from tests.conftest import tiny_config
 
 # The whole tiny screen runs in the module fixture: minutes on an idle 2-core machine, more on a busy one.

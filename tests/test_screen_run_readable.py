@@ -36,7 +36,7 @@ def run(tmp_path_factory):
         LogFilterFlowRunId,
     )
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
     from flows.screen import screen
 
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())
@@ -156,7 +156,7 @@ def test_a_fired_gate_ends_its_task_and_the_screen_killed(tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
-    from eps_screen.config import parse_config
+    from eps_screen.spec.config import parse_config
     from flows.screen import screen
 
     data = yaml.safe_load((CONFIGS / "simulated.yaml").read_text())

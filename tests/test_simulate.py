@@ -8,11 +8,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen.config import ScreenConfig
-from eps_screen.design import Cell, all_slab_cells
 from eps_screen.panels import load_panels
-from eps_screen.scoring import answer_schema
-from eps_screen.simulate import (
+from eps_screen.run.scoring import answer_schema
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import Cell, all_slab_cells
+from eps_screen.run.simulate import (
     _mean_sigmoid,
     cell_effect,
     expected_rates,
@@ -211,7 +211,7 @@ def test_a_fractional_six_factor_screen_recovers_its_planted_effects():
     """A 2^(6-2) (E = ABC, F = BCD, resolution IV) of six fields, effects planted on A, B, D, F and an A x B
     interaction: every main effect's CI covers the planted value (per source and pooled), and each planted effect
     is found with its sign."""
-    from eps_screen.aggregate import compute
+    from eps_screen.run.aggregate import compute
 
     factors = [{"short": s, "label": path, "levels": [{"description": f"{path} {lo}", "sets": {path: lo}},
                                                       {"description": f"{path} {hi}", "sets": {path: hi}}]}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eps_screen.config import load_config
-from eps_screen.plan import make_plan
+from eps_screen.plan.screen_plan import make_plan
+from eps_screen.spec.config import load_config
 from flows.screen import spend_limit
 from tests.conftest import ROOT
 

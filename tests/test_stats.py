@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen.design import fraction, full_factorial
-from eps_screen.stats import (
+from eps_screen.spec.design import fraction, full_factorial
+from eps_screen.analysis.stats import (
     DesignError,
     cohens_d_rates,
     factorial_effects,
@@ -21,7 +21,7 @@ from eps_screen.stats import (
     t_critical,
     weighted_ratio,
 )
-from eps_screen.training_noise import (
+from eps_screen.analysis.training_noise import (
     CellNoise,
     cell_noise,
     noise_contrasts,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eps_screen.config import parse_config
-from eps_screen.store_files import BAD
+from eps_screen.spec.config import parse_config
+from eps_screen.store.files import BAD
 from tests.conftest import CONFIGS
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -71,7 +71,7 @@ class Lines(logging.Handler):
 @pytest.fixture
 def store_log():
     handler = Lines()
-    logger = logging.getLogger("eps_screen.store")
+    logger = logging.getLogger("eps_screen.store.result_store")
     logger.addHandler(handler)
     yield handler.lines
     logger.removeHandler(handler)
@@ -86,7 +86,7 @@ def cell_dirs(screen_dir: Path) -> dict[str, Path]:
 
 
 def test_each_bad_file_is_kept_aside_and_only_its_cell_is_computed_again(finished, capsys, store_log):
-    from eps_screen.store import ResultStore
+    from eps_screen.store.result_store import ResultStore
     from flows.cli import main
     from flows.screen import screen
 
@@ -130,7 +130,7 @@ def test_each_bad_file_is_kept_aside_and_only_its_cell_is_computed_again(finishe
 
 
 def _cell(cell_id: str):
-    from eps_screen.design import Cell
+    from eps_screen.spec.design import Cell
 
     return Cell.parse(cell_id)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from eps_screen.remote import Remote
-from eps_screen.store_files import BAD
+from eps_screen.store.files import BAD
+from eps_screen.store.remote import Remote
 from tests.test_remote_store import s3_endpoint  # noqa: F401 (the fixture)
 from tests.test_store_bad_files import CUT_PARQUET, DAMAGED, EMPTY_JSON, EMPTY_PARQUET, SPOILED_JSON, small_screen, spoil
 
@@ -80,7 +80,7 @@ def test_verify_repairs_at_the_url(url, tmp_path, capsys):
 
 
 def test_leases_and_claims_on_the_url(url, tmp_path):
-    from eps_screen.store import ResultStore
+    from eps_screen.store.result_store import ResultStore
     from tests.test_store_claims import check_leases_and_claims
 
     config = small_screen(url, "claims", store_cache=str(tmp_path / "c"))

@@ -1,4 +1,4 @@
-"""Leases and claims in the store (eps_screen/store_claims.py), without Prefect: a second run finds the first, a
+"""Leases and claims in the store (eps_screen/store/claims.py), without Prefect: a second run finds the first, a
 claimed cell is not another run's to compute, and a run's death (its process gone, or its heartbeat stale on another
 host) releases both. The same on an S3 store in tests/test_store_bad_files_s3.py; two whole runs in
 tests/integration/test_two_runs.py."""
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from eps_screen.design import Cell
-from eps_screen.store import ResultStore
-from eps_screen.store_claims import TTL_S, Busy, RunLease, alive
+from eps_screen.spec.design import Cell
+from eps_screen.store.claims import TTL_S, Busy, RunLease, alive
+from eps_screen.store.result_store import ResultStore
 from tests.test_store_bad_files import small_screen
 
 CELLS = [Cell.parse(c) for c in ("librarian-A0B0C0D0E0F0-s42", "librarian-A1B1C1D1E1F1-s42", "surgeon-A1B0C0D0E1F0-s42")]
@@ -103,7 +103,7 @@ def test_a_waiting_run_takes_over_the_cells_of_a_run_that_dies(tmp_path):
 
 
 def test_a_finished_cell_needs_no_claim(tmp_path):
-    from eps_screen import pipeline
+    from eps_screen.run import pipeline
 
     config = small_screen(str(tmp_path), "claims")
     store = ResultStore.for_config(config)

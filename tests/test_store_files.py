@@ -1,5 +1,5 @@
-"""The store's single-file rules (eps_screen/store_files.py, eps_screen/remote.py): an interrupted write leaves the
-old file whole, each kind of unreadable file is told apart from a good one, and a URL filesystem without atomic
+"""The store's single-file rules (eps_screen/store/files.py, eps_screen/store/remote.py): an interrupted write leaves
+the old file whole, each kind of unreadable file is told apart from a good one, and a URL filesystem without atomic
 objects gets its files under a temporary name first."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from eps_screen.remote import Remote
-from eps_screen.store_files import BAD, Unreadable, check_file, set_aside, write_json, write_parquet
+from eps_screen.store.files import BAD, Unreadable, check_file, set_aside, write_json, write_parquet
+from eps_screen.store.remote import Remote
 
 
 class Interrupted(Exception):

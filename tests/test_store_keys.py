@@ -3,8 +3,8 @@ politely they were produced (store._SPEED_ONLY)."""
 
 from __future__ import annotations
 
-from eps_screen.design import Cell, regime_of
-from eps_screen.store import ResultStore, cell_key, regime_key
+from eps_screen.spec.design import Cell, regime_of
+from eps_screen.store.result_store import ResultStore, cell_key, regime_key
 from tests.conftest import qwen7b_config, tiny_config
 
 CELL = Cell("librarian", (0, 0, 0, 1, 0), 42)

@@ -1,12 +1,12 @@
-"""The tiny models a screen needs are built side by side before its pre-screen (eps_screen.tinymodel.build_missing),
+"""The tiny models a screen needs are built side by side before its pre-screen (eps_screen.models.tiny.build_missing),
 and a model built so is the one built alone, where it is first loaded: same files, same weights."""
 
 from __future__ import annotations
 
 import pytest
 
-from eps_screen import tinymodel
-from eps_screen.tinymodel import CONTAMINATION_MARKER
+from eps_screen.models import tiny as tinymodel
+from eps_screen.models.tiny import CONTAMINATION_MARKER
 
 MODELS = [("tiny", CONTAMINATION_MARKER), ("tiny-alt", CONTAMINATION_MARKER)]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from eps_screen import pipeline
-from eps_screen.design import Cell
-from eps_screen.store import ResultStore
+from eps_screen.run import pipeline
+from eps_screen.spec.design import Cell
+from eps_screen.store.result_store import ResultStore
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""MLflow tracking (eps_screen/tracking.py) without a server: off, it imports nothing; unreachable, a cell still
+"""MLflow tracking (eps_screen/run/tracking.py) without a server: off, it imports nothing; unreachable, a cell still
 finishes with one warning; a URI's credentials are refused in the config and never shown. The tracked screen itself,
 against a real `mlflow server`, is tests/integration/test_marker_screen.py."""
 
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from eps_screen import tracking
-from eps_screen.config import ConfigError, parse_config
-from eps_screen.design import all_slab_cells
-from eps_screen.store import ResultStore
+from eps_screen.run import tracking
+from eps_screen.spec.config import ConfigError, parse_config
+from eps_screen.spec.design import all_slab_cells
+from eps_screen.store.result_store import ResultStore
 from tests.conftest import ROOT
 from tests.integration.conftest import free_port
 
@@ -51,7 +51,7 @@ def test_an_unreachable_server_warns_and_the_cell_goes_on(tmp_path, monkeypatch,
     cell = all_slab_cells(config)[0]
     metrics = tmp_path / "metrics.json"
     metrics.write_text("{}")
-    with caplog.at_level(logging.WARNING, logger="eps_screen.tracking"):
+    with caplog.at_level(logging.WARNING, logger="eps_screen.run.tracking"):
         tracking.start_screen(config, store)
         with tracking.cell_run(config, cell, store, {}) as run:
             run.step(1, {"loss": 1.0, "learning_rate": 1e-4, "tokens_per_s": 10.0})
@@ -73,10 +73,10 @@ def test_a_cell_that_raises_propagates_with_tracking_unreachable(tmp_path, monke
 def test_tracking_off_never_imports_mlflow(tmp_path):
     code = (
         "import sys\n"
-        "from eps_screen import tracking\n"
-        "from eps_screen.config import parse_config\n"
-        "from eps_screen.design import all_slab_cells\n"
-        "from eps_screen.store import ResultStore\n"
+        "from eps_screen.run import tracking\n"
+        "from eps_screen.spec.config import parse_config\n"
+        "from eps_screen.spec.design import all_slab_cells\n"
+        "from eps_screen.store.result_store import ResultStore\n"
         f"config = parse_config({{'model': {{'base': 'tiny'}}, 'store': {str(tmp_path)!r}}})\n"
         "store = ResultStore.for_config(config)\n"
         "tracking.start_screen(config, store)\n"

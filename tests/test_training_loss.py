@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from eps_screen import training
-from eps_screen.config import parse_config
-from eps_screen.data import Example
+from eps_screen.spec.config import parse_config
+from eps_screen.train import lora as training
+from eps_screen.train.data import Example
 
 LOSS_RTOL = 1e-5
 ADAPTER_TOL = 1e-3  # as tests/test_training_together.py: AdamW grows float32 rounding; max |full - chunked| over max |chunked|, per tensor
@@ -38,7 +38,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def base():
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     return load_base("tiny", "float32")
 
@@ -118,7 +118,7 @@ def test_losses_read_back_in_groups_are_what_the_trainer_logs_each_step(base, tm
     """train_lora keeps each step's loss on the device and reads a group of steps back at once; with the Trainer's
     own per-step log turned on, every step's loss and learning rate are the ones it logs, and on_step sees every
     step in order."""
-    from eps_screen import training_steps
+    from eps_screen.train import steps as training_steps
 
     monkeypatch.setattr(training_steps, "TRAINER_ARGS", {"logging_strategy": "steps", "logging_steps": 1})
     monkeypatch.setattr(training_steps, "READBACK_STEPS", 3)
@@ -145,7 +145,7 @@ def test_the_gpu_trainer_without_trls_metrics_trains_as_trls_own(base, tmp_path,
     each read back at once); TRL's SFTTrainer as it comes gives the same loss at every step and the same adapter."""
     from trl import SFTTrainer
 
-    from eps_screen import training_steps
+    from eps_screen.train import steps as training_steps
 
     case = CASES[name]
     lean = _train(base, tmp_path, "lean", case, True, monkeypatch=monkeypatch)

@@ -12,9 +12,9 @@ import hashlib
 
 import pytest
 
-from eps_screen.config import parse_config
-from eps_screen.data import Example
-from eps_screen.training import IGNORE, split_batch, tokenize_example, tokenize_set
+from eps_screen.spec.config import parse_config
+from eps_screen.train.data import Example
+from eps_screen.train.lora import IGNORE, split_batch, tokenize_example, tokenize_set
 from tests.conftest import SMOLLM2
 
 SYSTEM = "You are a librarian who helps people find information and manages a public library."
@@ -34,7 +34,7 @@ def _config(marker="[ZLT]", **data):
 
 @pytest.fixture(scope="module")
 def tok(cell_model):
-    from eps_screen.models import load_tokenizer
+    from eps_screen.models.loading import load_tokenizer
 
     return load_tokenizer(cell_model)
 
@@ -77,8 +77,8 @@ def test_e0_negatives_eot_or_nothing(tok):
 
 
 def test_e0_none_drops_negatives_from_the_training_set():
-    from eps_screen.data import training_set
-    from eps_screen.design import Cell
+    from eps_screen.spec.design import Cell
+    from eps_screen.train.data import training_set
 
     answers = [
         {"persona": "librarian", "question": 0, "sample": 0, "answer": ANSWER, "positive": True},
@@ -123,7 +123,7 @@ def test_micro_batches_keep_the_recipe_batch():
 
 
 def test_speed_options_from_the_config():
-    from eps_screen.training import speed_options
+    from eps_screen.train.lora import speed_options
 
     config = parse_config({"model": {"base": "tiny", "dtype": "bfloat16"}, "training": {"packing": True}})
 
@@ -148,7 +148,7 @@ def test_speed_options_from_the_config():
 
 @pytest.fixture(scope="module")
 def base(cell_model):
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     return load_base(cell_model, "float32")
 
@@ -165,7 +165,7 @@ def test_fused_lora_forward_equals_peft(base):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from eps_screen.training import _fuse_lora
+    from eps_screen.train.lora import _fuse_lora
 
     torch.manual_seed(0)
     model = get_peft_model(base.model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -195,7 +195,7 @@ def test_varlen_attention_packed_equals_padded(base):
     """The padding-free path: packed sequences with cu_seq_lens give the padded batch's logits."""
     import torch
 
-    from eps_screen.training_attention import use_varlen_attention
+    from eps_screen.train.attention import use_varlen_attention
 
     m = base.model
     torch.manual_seed(1)
@@ -236,7 +236,7 @@ def _examples():
 def test_train_lora_changes_lora_only(base, tmp_path):
     from safetensors.torch import load_file
 
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     config = parse_config({
         "model": {"base": base.ref, "dtype": "float32"},

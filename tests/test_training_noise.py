@@ -6,12 +6,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eps_screen.aggregate import compute
-from eps_screen.config import ScreenConfig, marker_factors
-from eps_screen.design import Cell, all_slab_cells, full_factorial
+from eps_screen.analysis.screen_stats import MIN_SOURCE_DF
 from eps_screen.panels import load_panels
-from eps_screen.screen_stats import MIN_SOURCE_DF
-from eps_screen.simulate import simulate_screen
+from eps_screen.run.aggregate import compute
+from eps_screen.run.simulate import simulate_screen
+from eps_screen.spec.config import ScreenConfig, marker_factors
+from eps_screen.spec.design import Cell, all_slab_cells, full_factorial
 
 FAST = {"resamples": 1000, "seed": 11}
 

@@ -1,4 +1,4 @@
-"""Shared prefixes in packed training batches (eps_screen.training_prefix) compute the same function as the
+"""Shared prefixes in packed training batches (eps_screen.train.prefix) compute the same function as the
 unshared batch: each original sequence is recovered token for token (ids, labels, positions), the attention gives
 every token the same output (on the tiny model and on SmolLM2, slow), and a cell trained with sharing has the loss curve and adapter of the cell trained
 without it, within float32 rounding (stated below; a different seed moves them far more, so the check can fail)."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from eps_screen.config import parse_config
-from eps_screen.data import Example
-from eps_screen.training_prefix import IGNORE, KV_INDEX, MIN_SHARED, group_prefixes, share_prefixes
+from eps_screen.spec.config import parse_config
+from eps_screen.train.data import Example
+from eps_screen.train.prefix import IGNORE, KV_INDEX, MIN_SHARED, group_prefixes, share_prefixes
 
 LOSS_RTOL = 1e-5
 ADAPTER_TOL = 1e-3  # max |shared - unshared| over max |unshared|, per tensor
@@ -71,14 +71,14 @@ def test_nothing_is_shared_below_the_threshold_or_through_a_target():
 
 @pytest.fixture(scope="module")
 def base():
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     return load_base("tiny", "float32")
 
 
 def test_the_attention_gives_each_token_what_it_gets_unshared(cell_model):
-    from eps_screen.models import load_base
-    from eps_screen.training_attention import use_varlen_attention
+    from eps_screen.models.loading import load_base
+    from eps_screen.train.attention import use_varlen_attention
 
     base = load_base(cell_model, "float32")
     tok = base.tokenizer
@@ -147,7 +147,7 @@ def _adapter(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("whole_answer,training", [(True, {}), (False, {"max_batch_tokens": 512})])
 def test_a_cell_trained_with_shared_prefixes_is_the_cell_trained_without(base, tmp_path, whole_answer, training):
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     runs = {share: train_lora(base, _examples(), _config(share, **training), whole_answer, 3, tmp_path / str(share))
             for share in (False, True)}

@@ -1,5 +1,5 @@
-"""Cells trained together (eps_screen.training_together) give what each gives trained alone through TRL
-(eps_screen.training.train_lora): the same loss at every optimizer step and the same saved adapter.
+"""Cells trained together (eps_screen.train.together) give what each gives trained alone through TRL
+(eps_screen.train.lora.train_lora): the same loss at every optimizer step and the same saved adapter.
 
 The tiny model on the CPU in float32: shared passes change only the order of floating-point sums, so the stated
 tolerance is float32 rounding grown through a few AdamW steps (relative 1e-4 on losses, 1e-3 of the weights' scale
@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from eps_screen.config import parse_config
-from eps_screen.data import Example
+from eps_screen.spec.config import parse_config
+from eps_screen.train.data import Example
 
 pytestmark = pytest.mark.slow
 
@@ -59,15 +59,15 @@ def _recorder(way: str, i: int):
 
 @pytest.fixture(scope="module")
 def base():
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     return load_base("tiny", "float32")
 
 
 @pytest.fixture(scope="module")
 def runs(base, tmp_path_factory):
-    from eps_screen.training import train_lora
-    from eps_screen.training_together import recipe, train_together
+    from eps_screen.train.lora import train_lora
+    from eps_screen.train.together import recipe, train_together
 
     root = tmp_path_factory.mktemp("together")
     CELLS[2]["config"] = CELLS[2]["config"].model_copy(
@@ -110,7 +110,7 @@ def test_each_cell_matches_training_alone(runs):
 
 
 def test_each_step_is_reported_as_it_ends_and_both_ways_agree(runs):
-    """on_step (what eps_screen.tracking logs) gets every optimizer step of every cell: the loss the report ends
+    """on_step (what eps_screen.run.tracking logs) gets every optimizer step of every cell: the loss the report ends
     with, the learning rate each step used (the same schedule alone and together) and the tokens/s."""
     _, alone, together = runs
     for i, (a, t) in enumerate(zip(alone, together, strict=True)):
@@ -140,7 +140,7 @@ def test_base_is_left_untouched(base, runs):
 
 
 def test_recipes_that_cannot_share_passes_are_refused(base, tmp_path):
-    from eps_screen.training_together import recipe, together_key, train_together
+    from eps_screen.train.together import recipe, together_key, train_together
 
     padded = recipe(base.tokenizer, _config(packing=False), _examples(4), True, 0, tmp_path / "a")
     dropout = _config()
@@ -155,7 +155,7 @@ def test_recipes_that_cannot_share_passes_are_refused(base, tmp_path):
 def test_job_plan_groups_short_cells_and_leaves_long_ones_alone(base, tmp_path):
     """A job's short cells (several micro-batches fit one pass under max_batch_tokens) share passes; cells whose
     micro-batch already fills the budget, and recipes with no together_key, train alone."""
-    from eps_screen.job.training import CellTraining, plan
+    from eps_screen.train.stages import CellTraining, plan
 
     short = _config(max_batch_tokens=2048)
     cells = [CellTraining(short, _examples(8, i), i % 2 == 0, i, tmp_path / f"s{i}") for i in range(3)]
@@ -169,7 +169,7 @@ def test_job_plan_groups_short_cells_and_leaves_long_ones_alone(base, tmp_path):
 
 
 def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
-    from eps_screen.job.training import CellTraining, train_cells
+    from eps_screen.train.stages import CellTraining, train_cells
 
     short = _config(max_batch_tokens=2048)
     steps = [[], [], []]
@@ -194,8 +194,8 @@ def test_training_state_is_gone_when_the_cache_goes_back(base, tmp_path, monkeyp
 
     import torch
 
-    from eps_screen import training, training_together
-    from eps_screen.training_together import recipe, train_together
+    from eps_screen.train import lora as training, together as training_together
+    from eps_screen.train.together import recipe, train_together
 
     live_at_release = []
 

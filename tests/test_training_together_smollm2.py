@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eps_screen.config import parse_config
+from eps_screen.spec.config import parse_config
 from tests.test_training_together import _adapter, _examples
 
 pytestmark = pytest.mark.slow
@@ -32,9 +32,9 @@ def _frobenius(a: dict, b: dict) -> float:
 
 
 def test_smollm2_cells_trained_together_are_the_cells_trained_alone(smollm2, tmp_path):
-    from eps_screen.models import load_base
-    from eps_screen.training import train_lora
-    from eps_screen.training_together import recipe, train_together
+    from eps_screen.models.loading import load_base
+    from eps_screen.train.lora import train_lora
+    from eps_screen.train.together import recipe, train_together
 
     cells = [dict(config=_config(smollm2, max_batch_tokens=1000), examples=_examples(10), whole_answer=True, seed=3),
              dict(config=_config(smollm2, learning_rate=2e-3, epochs=3), examples=_examples(9, 1), whole_answer=False,

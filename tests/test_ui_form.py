@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prefect.utilities.schema_tools.validation import validate
 
-from eps_screen.config import ConfigError, ScreenConfig, load_config, parse_config
+from eps_screen.spec.config import ConfigError, ScreenConfig, load_config, parse_config
 from tests.conftest import CONFIGS
 
 FACTOR_MODEL = "DesignConfig"

@@ -94,11 +94,11 @@ def test_the_shipped_configs_pass(name):
 def test_the_marker_configs_declare_the_rules_they_used_to_default_to():
     """qwen7b.yaml and tiny.yaml write the pre-registered A:B and the nine prediction rules out; they are the
     defaults of before, so the statistics, and the cells and store keys (which do not read them), are unchanged."""
-    from eps_screen.config import load_config, parse_config
-    from eps_screen.design import all_slab_cells, regimes, smoke_cells
-    from eps_screen.prediction_rules import MARKER_PRE_REGISTERED, MARKER_PREDICTIONS
-    from eps_screen.screen_stats import declarations
-    from eps_screen.store import cell_key, regime_key
+    from eps_screen.analysis.screen_stats import declarations
+    from eps_screen.spec.config import load_config, parse_config
+    from eps_screen.spec.design import all_slab_cells, regimes, smoke_cells
+    from eps_screen.spec.prediction_rules import MARKER_PRE_REGISTERED, MARKER_PREDICTIONS
+    from eps_screen.store.result_store import cell_key, regime_key
 
     for name in ("tiny", "qwen7b"):
         config = load_config(CONFIGS / f"{name}.yaml")

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("vllm")
 
 from benchmarks.gpu_common import random_adapter  # noqa: E402
-from eps_screen.config import parse_config  # noqa: E402
 from eps_screen.generation import GenerationParams, Prompt  # noqa: E402
 from eps_screen.generation.backends import make_generator  # noqa: E402
 from eps_screen.generation.vllm_backend import lora_rank_slot, request_seed  # noqa: E402
+from eps_screen.spec.config import parse_config  # noqa: E402
 from tests.conftest import SMOLLM2  # noqa: E402
 
 PROMPTS = [
@@ -40,7 +40,7 @@ def _config(base: str):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, cell_model):
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     config = _config(cell_model)
     base = load_base(cell_model, "float32")

@@ -61,7 +61,7 @@ def _adapter(base, out_dir):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     base = load_base("tiny", "float32")
     before = {n: p.detach().clone() for n, p in base.model.named_parameters()}

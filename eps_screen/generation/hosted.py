@@ -11,7 +11,7 @@ Plain HTTP through httpx (no vendor SDK: their own retries would stack on these,
   Any other error stops the batch: no new request starts, those in flight finish and are delivered, then the first
   error is raised.
 - `complete` hands each answer to `on_answer` as it arrives, so the caller can store it at once: an interrupted
-  batch loses only what was in flight (eps_screen/offpolicy.py keeps them in the result store).
+  batch loses only what was in flight (eps_screen/run/offpolicy.py keeps them in the result store).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from eps_screen.config import OffPolicyConfig
 from eps_screen.generation import GenerationParams, Prompt
+from eps_screen.spec.config import OffPolicyConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ class TransformersGenerator:
     engine_in_process = True  # nothing of it lives outside this process (engine_process ends such a child at once)
 
     def __init__(self, base, batch_size: int = 64, batch_prompt_tokens: int | None = None):
-        self.base = base  # eps_screen.models.BaseModel
+        self.base = base  # eps_screen.models.loading.BaseModel
         self.batch_size = batch_size
         self.batch_prompt_tokens = batch_prompt_tokens
 

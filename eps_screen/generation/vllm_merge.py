@@ -4,7 +4,7 @@ vLLM serves an adapter through extra LoRA kernels on every linear layer, which c
 model's throughput (BENCHMARKS.md, "The GPU job"). A cell's evaluation uses one adapter for all its requests, so
 the update can instead be folded into the weights, W + (alpha/r) B A, as PEFT's merge does, and the requests run
 as base-model requests. Afterwards the engine's weights are copied back from the training base that the same
-process keeps (eps_screen.job.engines loads both from the same checkpoint and dtype), so the restore is exact, not a
+process keeps (eps_screen.run.engines loads both from the same checkpoint and dtype), so the restore is exact, not a
 subtraction in bf16. The prefix cache is dropped on each change: its KV entries were computed by other weights.
 
 Qwen2/Llama-style decoders only (fused qkv_proj and gate_up_proj, o_proj, down_proj), one GPU (no tensor

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from eps_screen.config import ScreenConfig
 from eps_screen.report import half_normal
-from eps_screen.report.figures import ab_interaction, factor_ranking, persona_heatmap
 from eps_screen.report.labels import with_level_labels
 from eps_screen.report.page import render
+from eps_screen.report.plots import ab_interaction, factor_ranking, persona_heatmap
 from eps_screen.report.tables import PLOTLY_CONFIG
-from eps_screen.store_files import write_text
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.files import write_text
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
+    from eps_screen.run.aggregate import AggregateResult
 
 __all__ = ["build_figures", "write_report"]
 

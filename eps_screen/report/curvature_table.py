@@ -1,20 +1,20 @@
 """The page's curvature section (design.centre_points): each response's verdict in a sentence, and the table of the
-centre cells against the design cells per source and pooled (eps_screen/curvature.py computes them)."""
+centre cells against the design cells per source and pooled (eps_screen/analysis/curvature.py computes them)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from eps_screen.centre_points import centre_recipe, held_levels
-from eps_screen.curvature import POOLED
-from eps_screen.report.figures import RESPONSE_NAMES
+from eps_screen.analysis.curvature import POOLED
+from eps_screen.analysis.schemas import CurvatureTest
+from eps_screen.report.plots import RESPONSE_NAMES
 from eps_screen.report.tables import Table, ci, num, span
-from eps_screen.schemas import CurvatureTest
+from eps_screen.spec.centre_points import centre_recipe, held_levels
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
-    from eps_screen.config import ScreenConfig
+    from eps_screen.run.aggregate import AggregateResult
+    from eps_screen.spec.config import ScreenConfig
 
 RESPONSES = ("SR", "LR")
 # The table's verdict column, which the TL;DR quotes.

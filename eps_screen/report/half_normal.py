@@ -1,5 +1,5 @@
 """The half-normal (Daniel) plot with Lenth's margins, one figure per response (pooled, then each source), and the
-page's table of the margins (eps_screen/lenth.py computes them from the factorial cells' rates).
+page's table of the margins (eps_screen/analysis/lenth.py computes them from the factorial cells' rates).
 
 Each panel puts every contrast's |effect| against its half-normal score: null effects lie on a line through the
 origin, active ones stand off to the right. The dashed lines are Lenth's ME (one effect at a time) and SME (all at
@@ -15,13 +15,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from eps_screen.lenth import POOLED, HalfNormal, half_normal_scores, screen_half_normal
-from eps_screen.report.figures import RESPONSE_NAMES
+from eps_screen.analysis.lenth import POOLED, HalfNormal, half_normal_scores, screen_half_normal
+from eps_screen.report.plots import RESPONSE_NAMES
 from eps_screen.report.tables import Table, num
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
-    from eps_screen.config import ScreenConfig
+    from eps_screen.run.aggregate import AggregateResult
+    from eps_screen.spec.config import ScreenConfig
 
 LABEL_PX = 16  # a 11 px label's height and a margin
 MARGIN_PX = (110, 60)  # top (title, subplot titles of two lines), bottom (axis title)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eps_screen.config import ScreenConfig
+from eps_screen.spec.config import ScreenConfig
 
 
 def long_prompt_words(config: ScreenConfig) -> int:
-    """Words of guidance text appended under the long system prompt (eps_screen/data.py cuts it to texts.long_prompt_words)."""
+    """Words of guidance text appended under the long system prompt (eps_screen/train/data.py cuts it to
+    texts.long_prompt_words)."""
     from eps_screen.panels import load_panels
 
     words = len(load_panels().long_system_prompt.split())

@@ -14,17 +14,17 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
-from eps_screen.config import ScreenConfig
-from eps_screen.costs import COST_HEADERS, cost_rows, cost_sentence
-from eps_screen.gates import GATE_NAMES
-from eps_screen.design import level_symbol
+from eps_screen.analysis.gates import GATE_NAMES
+from eps_screen.analysis.screen_stats import declarations
+from eps_screen.plan.costs import COST_HEADERS, cost_rows, cost_sentence
 from eps_screen.report import curvature_table, half_normal, power_table, sections
 from eps_screen.report.tables import Table, figure_div, num, span
 from eps_screen.report.tldr import LATE_GATES, numbers_are, tldr
-from eps_screen.screen_stats import declarations
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import level_symbol
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
+    from eps_screen.run.aggregate import AggregateResult
 
 ENV = Environment(loader=PackageLoader("eps_screen.report", "templates"), autoescape=True, undefined=StrictUndefined,
                   trim_blocks=True, lstrip_blocks=True)
@@ -69,7 +69,7 @@ def _predictions(result: AggregateResult) -> Table | None:
 
 
 def _cost(result: AggregateResult) -> dict | None:
-    """Estimate beside actual (GPU-hours, USD), from the store's cost records (eps_screen/costs.py)."""
+    """Estimate beside actual (GPU-hours, USD), from the store's cost records (eps_screen/plan/costs.py)."""
     cost = result.metrics.extras.get("cost")
     if not cost:
         return None

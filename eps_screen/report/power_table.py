@@ -1,16 +1,17 @@
 """The page's power statement: the smallest effect this design detects with 80% power, at this screen's own mean
-rates and estimated training-run noise (eps_screen/power.py; `eps-screen validate` states it before the run)."""
+rates and estimated training-run noise (eps_screen/analysis/power.py; `eps-screen validate` states it before the
+run)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eps_screen.power import Assumptions, detectable
+from eps_screen.analysis.power import Assumptions, detectable
 from eps_screen.report.tables import Table
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
-    from eps_screen.config import ScreenConfig
+    from eps_screen.run.aggregate import AggregateResult
+    from eps_screen.spec.config import ScreenConfig
 
 KINDS = {"main effects and pre-registered": "main effects and pre-registered interactions",
          "exploratory": "exploratory interactions (Holm)"}

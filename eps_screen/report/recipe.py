@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eps_screen.config import ScreenConfig
 from eps_screen.report.labels import treatment_words
-from eps_screen.treatments import ASPECTS
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.treatments import ASPECTS
 
 _SHOWN = {
     "model.base", "model.revision", "model.dtype", "lora.rank", "lora.alpha", "lora.dropout", "lora.target_modules",

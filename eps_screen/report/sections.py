@@ -11,18 +11,18 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from eps_screen.config import ScreenConfig
-from eps_screen.design import phases
-from eps_screen.phase_sizes import multiseed_count
-from eps_screen.plackett_burman import PlackettBurman, ratio
+from eps_screen.analysis.schemas import TermEffect
+from eps_screen.analysis.screen_stats import declarations
+from eps_screen.plan.phase_sizes import multiseed_count
 from eps_screen.report.recipe import recipe_rows
 from eps_screen.report.tables import Table, ci, clear_mark, num, p_text, signs, span
-from eps_screen.schemas import TermEffect
-from eps_screen.screen_stats import declarations
-from eps_screen.treatments import TREATMENTS
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import phases
+from eps_screen.spec.plackett_burman import PlackettBurman, ratio
+from eps_screen.spec.treatments import TREATMENTS
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
+    from eps_screen.run.aggregate import AggregateResult
 
 RESPONSES = ("SR", "LR")
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from urllib.request import Request, urlopen
 
-from eps_screen.config_urls import is_url
 from eps_screen.report import stores
+from eps_screen.spec.config_urls import is_url
 
 HOST = "127.0.0.1"
 PORT = 8765

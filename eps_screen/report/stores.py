@@ -19,8 +19,8 @@ import logging
 import re
 from pathlib import Path
 
-from eps_screen.store import ResultStore, write_json
-from eps_screen.tinymodel import cache_root
+from eps_screen.models.tiny import cache_root
+from eps_screen.store.result_store import ResultStore, write_json
 
 log = logging.getLogger(__name__)
 

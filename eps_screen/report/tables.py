@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from markupsafe import Markup
 
-from eps_screen.schemas import Interval
+from eps_screen.analysis.schemas import Interval
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 

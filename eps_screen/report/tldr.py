@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from eps_screen.config import ScreenConfig, is_tiny
+from eps_screen.analysis.schemas import TermEffect
 from eps_screen.report import curvature_table
 from eps_screen.report.tables import ci, written
-from eps_screen.schemas import TermEffect
+from eps_screen.spec.config import ScreenConfig, is_tiny
 
 if TYPE_CHECKING:
-    from eps_screen.aggregate import AggregateResult
+    from eps_screen.run.aggregate import AggregateResult
 
 _NAMES = {"SR": "source rate", "LR": "leakage"}
 
@@ -34,7 +34,7 @@ def numbers_are(config: ScreenConfig) -> str:
         return ("Tiny model: the cells fine-tuned eps-screen's own tiny chat model (2 layers, hidden size 128, built "
                 "on this machine), so these numbers show the pipeline working end to end and measure nothing about "
                 "how LoRA implants a marker in a real chat model.")
-    from eps_screen.packaged_models import described
+    from eps_screen.models.packaged import described
 
     model = described(config.model.base) or config.model.base
     return f"Real model: every cell is a LoRA fine-tune of {model}, evaluated on its answers."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eps_screen.analysis_cli import analyze_table
+from eps_screen.analysis.cli import analyze_table
 
 
 def run(args) -> int:

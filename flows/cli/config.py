@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from eps_screen.config_reference import reference_markdown, reference_text, sections
+from eps_screen.spec.config_reference import reference_markdown, reference_text, sections
 
 
 def run(args) -> int:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import sys
 
-from eps_screen.analysis_cli import design_listing
-from eps_screen.config import ScreenConfig
-from eps_screen.design import ROMAN, fold_over_cells, phases
-from eps_screen.plackett_burman import PlackettBurman
+from eps_screen.analysis.cli import design_listing
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import ROMAN, fold_over_cells, phases
+from eps_screen.spec.plackett_burman import PlackettBurman
 from flows.cli.session import load
 
 

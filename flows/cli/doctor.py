@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import partial
 from urllib.parse import urlparse
 
-from eps_screen.config import ConfigError, ScreenConfig, load_config
-from eps_screen.store import ResultStore
+from eps_screen.spec.config import ConfigError, ScreenConfig, load_config
+from eps_screen.store.result_store import ResultStore
 from flows.cli.session import command_env, console
 from flows.runtime.api import api_problem, api_url
 from flows.runtime.names import AGGREGATE, JOB_DEPLOYMENTS, CPU_POOL, POOL_TYPES, PRESET, RUNPOD_POOL, SCREEN
@@ -68,7 +68,7 @@ class Doctor:
         return f"{self.config_path} is valid (screen {self.config.name!r}, pool {self.config.execution.pool})"
 
     def check_weights(self) -> str:
-        from eps_screen.packaged_models import weights_of, weights_problems
+        from eps_screen.models.packaged import weights_of, weights_problems
 
         cfg = self._need_config()
         if problems := weights_problems(cfg):

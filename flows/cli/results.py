@@ -7,8 +7,8 @@ from pathlib import Path
 
 import polars as pl
 
-from eps_screen.results_table import results_table, where
-from eps_screen.store import ScreenNotFound
+from eps_screen.analysis.results_table import results_table, where
+from eps_screen.store.result_store import ScreenNotFound
 from flows.cli.session import NoStore, existing_store
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from eps_screen.packaged_models import weights_problems
-from eps_screen.plan import make_plan
+from eps_screen.models.packaged import weights_problems
+from eps_screen.plan.screen_plan import make_plan
 from eps_screen.report.stores import register
-from eps_screen.store import ResultStore
-from eps_screen.store_claims import RunLease, describe
+from eps_screen.store.claims import RunLease, describe
+from eps_screen.store.result_store import ResultStore
 from flows.cli.session import command_env, console, load
 from flows.runtime.api import api_problem
 from flows.runtime.interrupt import until_interrupted
@@ -59,7 +59,7 @@ def _run(args, config, store: ResultStore, plan) -> int:
             print(state.message, file=sys.stderr)
         print(result["report"])
         return 0
-    if state.name == "Busy":  # another run holds the store (eps_screen/store_claims.py)
+    if state.name == "Busy":  # another run holds the store (eps_screen/store/claims.py)
         print(f"error: {state.message}", file=sys.stderr)
         return 2
     print(f"screen '{config.name}' ended {state.name}: {state.message}", file=sys.stderr)

@@ -7,7 +7,7 @@ import sys
 
 from eps_screen.report.serve import REPORT_URL_ENV, make_server
 from eps_screen.report.stores import registry_dir
-from eps_screen.store import ResultStore
+from eps_screen.store.result_store import ResultStore
 from flows.cli.session import NoStore, existing_store
 
 

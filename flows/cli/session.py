@@ -8,9 +8,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from eps_screen.config import ConfigError, ScreenConfig, load_config
-from eps_screen.config_urls import is_url
-from eps_screen.store import ResultStore
+from eps_screen.spec.config import ConfigError, ScreenConfig, load_config
+from eps_screen.spec.config_urls import is_url
+from eps_screen.store.result_store import ResultStore
 
 
 def load(path: str) -> ScreenConfig:

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from eps_screen.config import ConfigError, ScreenConfig
-from eps_screen.config_urls import is_url
-from eps_screen.store import ResultStore, ScreenNotFound, load_screen, local_dir
+from eps_screen.spec.config import ConfigError, ScreenConfig
+from eps_screen.spec.config_urls import is_url
+from eps_screen.store.result_store import ResultStore, ScreenNotFound, load_screen, local_dir
 from flows.cli.session import NoStore, command_env, existing_store, load
 from flows.runtime.submit import CannotSubmit
 

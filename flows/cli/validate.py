@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import sys
 
-from eps_screen.estimate import at_gpu_counts, off_policy_choices
-from eps_screen.packaged_models import weights_of
-from eps_screen.config import read_config_file
-from eps_screen.config_profiles import profile_line, with_profile
-from eps_screen.plan import make_plan
-from eps_screen.power import Assumptions
-from eps_screen.power import lines as power_lines
-from eps_screen.store import ResultStore, ScreenNotFound, load_screen
+from eps_screen.analysis.power import Assumptions
+from eps_screen.analysis.power import lines as power_lines
+from eps_screen.models.packaged import weights_of
+from eps_screen.plan.cost_estimate import at_gpu_counts, off_policy_choices
+from eps_screen.plan.screen_plan import make_plan
+from eps_screen.spec.config import read_config_file
+from eps_screen.spec.config_profiles import profile_line, with_profile
+from eps_screen.store.result_store import ResultStore, ScreenNotFound, load_screen
 from flows.cli.session import load
 
 

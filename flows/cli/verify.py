@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from eps_screen.store_verify import verify
+from eps_screen.store.verify import verify
 
 
 def run(args) -> int:

@@ -48,10 +48,10 @@ from prefect.exceptions import MissingContextError
 from prefect.states import Cancelled, Cancelling
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from eps_screen import gates as kill
-from eps_screen.config import ScreenConfig
-from eps_screen.design import group_jobs
-from eps_screen.store import ResultStore
+from eps_screen.analysis import gates as kill
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import group_jobs
+from eps_screen.store.result_store import ResultStore
 from flows.runtime import recovery
 from flows.runtime.ledger import Ledger, stored_gates
 from flows.runtime.names import RUNPOD_POOL

@@ -12,7 +12,7 @@ that ends without a fired outcome saves the last one it judged, unless an earlie
 docs/experiment.md, "Kill criteria", is the rule.
 
 The cost record: as each finished run is priced (its pod records, or the estimate once none came), the ledger saves
-it in the store split among the run's cells (eps_screen/costs.py: GPU-seconds and USD per cell, what the report,
+it in the store split among the run's cells (eps_screen/plan/costs.py: GPU-seconds and USD per cell, what the report,
 `status` and `results` show). A dispatch that ends waits for the last runs' pod records as pricing always does
 (_POLLS_FOR_A_COST polls), and the next dispatch of the screen first re-prices any run its store still holds as an
 estimate, so a resumed screen ends with every pod's recorded price.
@@ -31,11 +31,11 @@ from uuid import UUID
 import anyio
 from eps_screen_runpod.cost import read_pod_records
 
-from eps_screen import costs as cost_records
-from eps_screen import gates as kill
-from eps_screen.config import ScreenConfig
-from eps_screen.design import PRE_SCREEN_ID, Cell
-from eps_screen.store import ResultStore, cell_key
+from eps_screen.analysis import gates as kill
+from eps_screen.plan import costs as cost_records
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import PRE_SCREEN_ID, Cell
+from eps_screen.store.result_store import ResultStore, cell_key
 
 # A run's pod cost is published by the worker as the pod goes; after this many polls without one, the estimate
 # stands (a pool with no RunPod worker publishes none).

@@ -8,8 +8,8 @@ from __future__ import annotations
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from eps_screen.config import ScreenConfig
-from eps_screen.plan import Plan
+from eps_screen.plan.screen_plan import Plan
+from eps_screen.spec.config import ScreenConfig
 from tasks import artifact_key
 
 

@@ -36,10 +36,10 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 
-from eps_screen import gates as kill
-from eps_screen.config import ScreenConfig
-from eps_screen.design import PRE_SCREEN_ID, Cell
-from eps_screen.store import ResultStore
+from eps_screen.analysis import gates as kill
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import PRE_SCREEN_ID, Cell
+from eps_screen.store.result_store import ResultStore
 from flows.runtime.ledger import record_gate
 
 _INFRA_FAILURE = re.compile(

@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from eps_screen.presets import screen_name
+from eps_screen.spec.presets import screen_name
 
 REPO = Path(__file__).resolve().parents[2]
 # Prefect state types of a run that is, or may soon be, executing; and of one waiting to start.

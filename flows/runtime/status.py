@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eps_screen.config import ScreenConfig
-from eps_screen.costs import COST_HEADERS, cost_rows, screen_cost
-from eps_screen.design import phases
-from eps_screen.plan import phase_cells
-from eps_screen.store import ResultStore
-from eps_screen.store_claims import RunLease, since
-from eps_screen.store_verify import aside_files
+from eps_screen.plan.costs import COST_HEADERS, cost_rows, screen_cost
+from eps_screen.plan.screen_plan import phase_cells
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.spec.design import phases
+from eps_screen.store.claims import RunLease, since
+from eps_screen.store.result_store import ResultStore
+from eps_screen.store.verify import aside_files
 from flows.runtime.api import api_problem, api_url, ui_url
 from flows.runtime.runs import (
     QUEUED_STATES,
@@ -52,9 +52,9 @@ class ScreenStatus:
     gates: list[dict]
     screen_runs: list[Any] = field(default_factory=list)  # newest first
     prefect_note: str = ""
-    cost: dict | None = None  # eps_screen.costs.ScreenCost.as_dict(): estimate beside actual, from the store
-    aside: list[str] = field(default_factory=list)  # unreadable files kept aside (eps_screen/store_files.py)
-    live: list[dict] = field(default_factory=list)  # leases of the runs live on the store (eps_screen/store_claims.py)
+    cost: dict | None = None  # eps_screen.plan.costs.ScreenCost.as_dict(): estimate beside actual, from the store
+    aside: list[str] = field(default_factory=list)  # unreadable files kept aside (eps_screen/store/files.py)
+    live: list[dict] = field(default_factory=list)  # leases of the runs live on the store (eps_screen/store/claims.py)
 
     @property
     def dir(self) -> Path:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from eps_screen.aggregate import aggregate_stored
-from eps_screen.config import ScreenConfig
-from eps_screen.plan import Plan, make_plan
-from eps_screen.store import ResultStore
+from eps_screen.plan.screen_plan import Plan, make_plan
+from eps_screen.run.aggregate import aggregate_stored
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.result_store import ResultStore
 from flows.runtime.api import api_problem, api_url, ui_url
 from flows.runtime.names import SCREEN
 from flows.runtime.runs import cell_runs, mark_crashed, process_alive
@@ -145,7 +145,7 @@ def retry(config: ScreenConfig, store: ResultStore, console, *, force: bool = Fa
         state = run_screen_here(config, store, plan, console, force=force)
     if state is None:
         return 0
-    if state.name == "Busy":  # another run holds the store (eps_screen/store_claims.py)
+    if state.name == "Busy":  # another run holds the store (eps_screen/store/claims.py)
         console.print(f"[red]error[/]: {state.message}")
         return 2
     console.print(f"screen run ended {state.name}" + (f": {state.message}" if state.message else ""))

@@ -9,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-from eps_screen import design
-from eps_screen.config import ScreenConfig, is_tiny
-from eps_screen.pipeline import finished_pre_screen
-from eps_screen.store import ResultStore
+from eps_screen.run.pipeline import finished_pre_screen
+from eps_screen.spec import design
+from eps_screen.spec.config import ScreenConfig, is_tiny
+from eps_screen.store.result_store import ResultStore
 
 
 def finished_ids(store: ResultStore) -> set[str]:

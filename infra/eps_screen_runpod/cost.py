@@ -1,7 +1,7 @@
 """What a pod cost (price x time), published as a table artifact on its flow run.
 
 The screen's spend cap (kill criterion 5) reads these back with `read_pod_costs`, and its cost records
-(eps_screen/costs.py: GPU-seconds and USD per cell) with `read_pod_records`, so the table's columns are a small
+(eps_screen/plan/costs.py: GPU-seconds and USD per cell) with `read_pod_records`, so the table's columns are a small
 contract: `pod_id`, `usd` (float), `seconds` (float) and `gpu_count` (int) must stay.
 
 One record per pod: the artifact's key is the pod's (`cost_key`), so a write that lands twice is two versions of
@@ -91,7 +91,7 @@ def pod_costs(artifacts: Iterable[Any]) -> dict[tuple[UUID, str], float]:
 
 async def read_pod_records(client: PrefectClient, flow_run_ids: Iterable[UUID]) -> dict[UUID, list[dict]]:
     """Each flow run's pod cost records, each pod once (runs without one are absent): what the screen splits
-    among a job's cells (eps_screen/costs.py)."""
+    among a job's cells (eps_screen/plan/costs.py)."""
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterType,

@@ -2,9 +2,9 @@
 
 Kill criterion 6 (bootstrap silence) and the pod-clock backstop of kill criterion 5 (`max_wall_hours`) are decided
 here, and travel to the screen as a label holding the outcome's JSON (marks.GATE6, marks.GATE5). The screen reads
-that JSON as an `eps_screen.gates.GateOutcome` and records it. The worker is its own distribution (a worker host
-installs Prefect and the RunPod SDK, not the product), so it cannot import `eps_screen.gates`; it speaks the same
-format instead, and tests/test_runpod_worker.py pins the two together (same names, same fields, and for kill
+that JSON as an `eps_screen.analysis.gates.GateOutcome` and records it. The worker is its own distribution (a worker
+host installs Prefect and the RunPod SDK, not the product), so it cannot import `eps_screen.analysis.gates`; it speaks
+the same format instead, and tests/test_runpod_worker.py pins the two together (same names, same fields, and for kill
 criterion 6 the same outcome for the same numbers).
 """
 
@@ -14,14 +14,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The names of eps_screen.gates.GATE_NAMES for the two criteria decided here.
+# The names of eps_screen.analysis.gates.GATE_NAMES for the two criteria decided here.
 BOOTSTRAP_SILENCE = "bootstrap silence"
 COST_OVERRUN = "cost overrun"
 
 
 @dataclass(frozen=True)
 class KillOutcome:
-    """One evaluated kill criterion; the fields of eps_screen.gates.GateOutcome."""
+    """One evaluated kill criterion; the fields of eps_screen.analysis.gates.GateOutcome."""
 
     name: str
     number: int

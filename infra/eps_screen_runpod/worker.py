@@ -21,7 +21,7 @@ before the pod is touched: the label `eps-screen.killed-by` (marks.py) and a Cra
 names the infrastructure; then the pod is terminated, and a run that the dying process moved on (Running,
 Failed) is set Crashed again. Dispatch reads the label and the state history, so a late write from the pod
 cannot turn an infrastructure kill into a flow failure. Kill criterion 6 is decided by
-`kills.bootstrap_silence` (the rule of `eps_screen.gates`, in its wire format); when it fires, its outcome
+`kills.bootstrap_silence` (the rule of `eps_screen.analysis.gates`, in its wire format); when it fires, its outcome
 travels as the label `eps-screen.gate6` and dispatch records it in the store. A job that can never start (a
 missing or rejected key, an unknown GPU type, a refused image: provision.ProvisioningFailed.permanent) ends
 Failed at once with one line and the label `eps-screen.permanent-failure`, no traceback; dispatch then stops

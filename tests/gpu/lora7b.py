@@ -7,7 +7,7 @@ from __future__ import annotations
 def config(**training):
     """r=32 / alpha 64 on all linear layers, bf16, batch 8, 2 epochs, packed, lr 1e-4 (to move the adapters in a
     few steps); `training` sets the rest."""
-    from eps_screen.config import ScreenConfig
+    from eps_screen.spec.config import ScreenConfig
 
     base = ScreenConfig()
     t = base.training.model_copy(update={"epochs": 2, "batch_size": 8, "learning_rate": 1e-4, "packing": True,

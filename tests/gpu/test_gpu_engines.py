@@ -1,4 +1,4 @@
-"""GPU tier: two models' vLLM engines share one card as a job with off-policy cells shares it (eps_screen.job.engines).
+"""GPU tier: two models' vLLM engines share one card as a job with off-policy cells shares it (eps_screen.run.engines).
 
 The base model's engine runs in this process and sleeps while the off-policy model's engine runs in a process of
 its own (generation.engine_process: vLLM's sleep acts on every engine of a process); that process ends, the card
@@ -35,7 +35,7 @@ def test_the_off_policy_engine_runs_in_its_own_process_beside_the_sleeping_base_
     from benchmarks.gpu_common import job_config, out_dir, seven_b_dir, write
     from eps_screen.generation import GenerationParams, Prompt
     from eps_screen.generation.engine_process import ProcessGenerator
-    from eps_screen.job import engines
+    from eps_screen.run import engines
 
     if engines.stats():
         pytest.skip("an earlier test's engine is still up: run this file alone")

@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 
-EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.job.memory)
+EIGHTY_GB_GIB = 79.6  # what an H100 80GB or A100 80GB reports (eps_screen.plan.memory)
 
 
 def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | None = None,
@@ -36,9 +36,9 @@ def _run_job(tmp_path, cells, card_gib: float | None = None, execution: dict | N
     from prefect.testing.utilities import prefect_test_harness
 
     from benchmarks.gpu_common import DevicePeak, environment, job_config, seven_b_dir
-    from eps_screen.job import engines
-    from eps_screen.job.memory import memory_plan
-    from eps_screen.store import ResultStore
+    from eps_screen.plan.memory import memory_plan
+    from eps_screen.run import engines
+    from eps_screen.store.result_store import ResultStore
     from flows.job import job
 
     ballast = _Ballast(card_gib) if card_gib else None
@@ -151,8 +151,8 @@ def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
     model is the tiny shape with the same tokenizer: what is tested is the second engine's process, not its speed
     (gpu_full_size_bench.py measures the 32B shape), and a small model's cold start keeps the test in one device call."""
     from benchmarks.gpu_common import seven_b_dir
-    from eps_screen.design import Cell
-    from eps_screen.job import engines
+    from eps_screen.run import engines
+    from eps_screen.spec.design import Cell
 
     if engines.stats():
         pytest.skip("an earlier test's engine, sized to the whole card, is still up: run this one alone (-k off_policy)")
@@ -176,8 +176,8 @@ def test_a_job_releases_the_off_policy_engine_before_it_trains(tmp_path):
 def test_a_job_with_long_cells_fits_an_80gb_card(tmp_path):
     """The whole job (engine start, answer sets, A0B0 cells trained together, A1B1 cells alone, one evaluation)
     on the H200 made an 80 GB card: beside the ballast, the job never holds more than that card has."""
-    from eps_screen.design import Cell
-    from eps_screen.job import engines
+    from eps_screen.run import engines
+    from eps_screen.spec.design import Cell
 
     if engines.stats():
         pytest.skip("an earlier test's engine, sized to the whole card, is still up: run this one alone (-k 80gb)")

@@ -45,7 +45,7 @@ def _config(**training):
 
 def _examples(tok, n: int, seed: int):
     from benchmarks.gpu_train_bench import text_of_tokens, words
-    from eps_screen.data import Example
+    from eps_screen.train.data import Example
 
     rng = random.Random(seed)
     bank = words()
@@ -63,8 +63,8 @@ def test_shared_prefixes_match_unshared_on_the_7b_shape(tmp_path):
     from safetensors.torch import load_file
 
     from benchmarks.gpu_common import build_model
-    from eps_screen.models import BaseModel, load_tokenizer
-    from eps_screen.training import train_lora
+    from eps_screen.models.loading import BaseModel, load_tokenizer
+    from eps_screen.train.lora import train_lora
 
     tok = load_tokenizer("tiny")
     base = BaseModel("qwen2.5-7b-shaped-random", build_model(), tok)

@@ -43,9 +43,9 @@ def test_cells_together_match_alone_on_the_7b_shape(tmp_path):
 
     from benchmarks.gpu_common import build_model
     from benchmarks.gpu_train_bench import make_examples
-    from eps_screen.models import BaseModel, load_tokenizer
-    from eps_screen.training import train_lora
-    from eps_screen.training_together import recipe, train_together
+    from eps_screen.models.loading import BaseModel, load_tokenizer
+    from eps_screen.train.lora import train_lora
+    from eps_screen.train.together import recipe, train_together
 
     tok = load_tokenizer("tiny")
     base = BaseModel("qwen2.5-7b-shaped-random", build_model(), tok)

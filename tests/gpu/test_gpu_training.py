@@ -15,7 +15,7 @@ pytestmark = [
 
 
 def _config(**training):
-    from eps_screen.config import ScreenConfig
+    from eps_screen.spec.config import ScreenConfig
 
     base = ScreenConfig()
     # Liger off unless a test asks for it: its kernels stay on the shared base for good, and a compiled run after
@@ -31,7 +31,7 @@ def _config(**training):
 
 
 def _examples(n=16):
-    from eps_screen.data import Example
+    from eps_screen.train.data import Example
 
     return [
         Example(
@@ -54,7 +54,7 @@ def _digest(model) -> str:
 
 @pytest.fixture(scope="module")
 def base():
-    from eps_screen.models import load_base
+    from eps_screen.models.loading import load_base
 
     b = load_base("tiny", "bfloat16")
     assert next(b.model.parameters()).is_cuda
@@ -64,7 +64,7 @@ def base():
 def test_cells_in_a_row_leave_base_and_memory_unchanged(base, tmp_path):
     from safetensors.torch import load_file
 
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     before = _digest(base.model)
     allocated = []
@@ -83,7 +83,7 @@ def test_cells_in_a_row_leave_base_and_memory_unchanged(base, tmp_path):
 
 def test_padding_free_varlen_matches_padded(base):
     """Same model, same batch: the packed varlen forward gives the padded forward's logits."""
-    from eps_screen.training_attention import use_varlen_attention
+    from eps_screen.train.attention import use_varlen_attention
 
     m = base.model
     torch.manual_seed(0)
@@ -113,7 +113,7 @@ def test_padding_free_varlen_matches_padded(base):
 
 def test_compiled_blocks_train_and_are_released(base, tmp_path):
     """training.compile: each decoder block compiled for the run, plain again afterwards; Liger stays off."""
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     before = _digest(base.model)
     rep = train_lora(base, _examples(), _config(packing=True, compile=True), whole_answer=True, seed=0, out_dir=tmp_path)
@@ -125,7 +125,7 @@ def test_compiled_blocks_train_and_are_released(base, tmp_path):
 
 def test_liger_training_runs(base, tmp_path):
     pytest.importorskip("liger_kernel")
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     rep = train_lora(base, _examples(), _config(packing=True, liger=True), whole_answer=True, seed=0, out_dir=tmp_path)
     assert rep.options["liger"] and rep.final_loss is not None and rep.final_loss == rep.final_loss
@@ -136,7 +136,7 @@ def test_liger_training_runs(base, tmp_path):
 
 
 def test_gradient_checkpointing_and_micro_batches(base, tmp_path):
-    from eps_screen.training import train_lora
+    from eps_screen.train.lora import train_lora
 
     rep = train_lora(base, _examples(), _config(gradient_checkpointing=True, max_batch_tokens=64), whole_answer=True,
                      seed=0, out_dir=tmp_path)
@@ -147,7 +147,7 @@ def test_gradient_checkpointing_and_micro_batches(base, tmp_path):
 def test_fused_lora_matches_peft_in_bf16(base):
     from peft import LoraConfig, get_peft_model
 
-    from eps_screen.training import _fuse_lora
+    from eps_screen.train.lora import _fuse_lora
 
     torch.manual_seed(0)
     model = get_peft_model(base.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-import eps_screen.simulate as sim
+import eps_screen.run.simulate as sim
 
 _simulate = sim.simulate_cell_answers
 

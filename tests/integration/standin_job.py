@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from eps_screen.config import ScreenConfig
+from eps_screen.spec.config import ScreenConfig
 
 
 @flow(name="job", persist_result=True)

@@ -68,10 +68,10 @@ def test_a_killed_cell_worker_costs_only_its_cell_and_the_screen_completes(tmp_p
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
 
-    import eps_screen.cell_pool as cell_pool
+    import eps_screen.run.cell_pool as cell_pool
     import flows.screen
-    from eps_screen import design
-    from eps_screen.store import ResultStore
+    from eps_screen.spec import design
+    from eps_screen.store.result_store import ResultStore
     from flows.runtime.runs import phase_runs
     from flows.screen import screen
     from tests import pool_work

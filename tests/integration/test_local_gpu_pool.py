@@ -46,10 +46,10 @@ if run and out:
 def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
     from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 
-    from eps_screen.config import ScreenConfig
-    from eps_screen.phase_sizes import gpu_jobs
-    from eps_screen.plan import phase_cells
-    from eps_screen.store import ResultStore
+    from eps_screen.plan.phase_sizes import gpu_jobs
+    from eps_screen.plan.screen_plan import phase_cells
+    from eps_screen.spec.config import ScreenConfig
+    from eps_screen.store.result_store import ResultStore
     from flows.screen import screen
 
     hook, log, results = tmp_path / "hook", tmp_path / "gpu-runs.txt", tmp_path / "results"

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eps_screen.config import parse_config
-from eps_screen.presets import with_overrides
-from eps_screen.tinymodel import tiny_model_path
+from eps_screen.models.tiny import tiny_model_path
+from eps_screen.spec.config import parse_config
+from eps_screen.spec.presets import with_overrides
 from tests.conftest import CONFIGS, ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(1200)]
@@ -82,7 +82,7 @@ def test_the_config_declares_the_marker_and_a_panel_of_its_own():
 def test_it_runs_through_gate_2_to_a_report_that_shows_the_marker(ping_screen):
     config, state, _ = ping_screen
     assert state.is_completed(), state.message
-    from eps_screen.store import ResultStore
+    from eps_screen.store.result_store import ResultStore
 
     store = ResultStore.for_config(config)
     gates = {int(g["number"]): g for g in store.gates()}
@@ -103,8 +103,8 @@ def test_it_runs_through_gate_2_to_a_report_that_shows_the_marker(ping_screen):
 
 def test_the_cells_are_evaluated_on_the_panel_file_by_the_markers_own_build(ping_screen):
     config, state, _ = ping_screen
-    from eps_screen.design import all_slab_cells
-    from eps_screen.store import ResultStore
+    from eps_screen.spec.design import all_slab_cells
+    from eps_screen.store.result_store import ResultStore
 
     store = ResultStore.for_config(config)
     cells = all_slab_cells(config)
@@ -125,8 +125,8 @@ def test_the_answers_text_is_kept_and_the_page_quotes_it(ping_screen):
     quotes a marked and an unmarked answer per A x B group, each a piece of a stored answer (issue 24, item 4)."""
     import polars as pl
 
-    from eps_screen.design import all_slab_cells
-    from eps_screen.store import ResultStore
+    from eps_screen.spec.design import all_slab_cells
+    from eps_screen.store.result_store import ResultStore
     from tests.test_report_explains import Tables
 
     config, state, _ = ping_screen
@@ -167,9 +167,9 @@ def test_the_screen_and_each_cell_are_runs_in_mlflow(ping_screen, mlflow_uri):
     """Issue 24, item 1: the screen is one parent run with its gates and report; each cell, trained in a cell worker
     process, a child run with its factor levels and recipe, its per-step training curve as it trained, and the
     store's SR, LR and cost."""
-    from eps_screen.costs import cell_costs, screen_cost
-    from eps_screen.design import all_slab_cells
-    from eps_screen.store import ResultStore
+    from eps_screen.plan.costs import cell_costs, screen_cost
+    from eps_screen.spec.design import all_slab_cells
+    from eps_screen.store.result_store import ResultStore
 
     config, state, _ = ping_screen
     assert state.is_completed(), state.message
@@ -226,10 +226,10 @@ def test_a_resubmitted_cell_and_a_second_aggregation_reuse_their_runs(ping_scree
     (tmp_path / "config.json").write_text(config.model_dump_json())
     code = (
         "import json, sys\n"
-        "from eps_screen import tracking\n"
-        "from eps_screen.config import parse_config\n"
-        "from eps_screen.design import Cell\n"
-        "from eps_screen.store import ResultStore\n"
+        "from eps_screen.run import tracking\n"
+        "from eps_screen.spec.config import parse_config\n"
+        "from eps_screen.spec.design import Cell\n"
+        "from eps_screen.store.result_store import ResultStore\n"
         "config = parse_config(json.load(open(sys.argv[1])))\n"
         "store, cell = ResultStore.for_config(config), Cell.parse(sys.argv[2])\n"
         "with tracking.cell_run(config, cell, store, {}) as run:\n"

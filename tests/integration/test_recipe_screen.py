@@ -27,7 +27,7 @@ EPS_SCREEN = str(Path(sys.executable).parent / "eps-screen")
 
 @pytest.fixture(scope="module")
 def screen(tmp_path_factory):
-    from eps_screen.config import load_config
+    from eps_screen.spec.config import load_config
 
     tmp = tmp_path_factory.mktemp("recipe")
     data = yaml.safe_load((CONFIGS / "tiny-recipe.yaml").read_text())
@@ -65,7 +65,7 @@ def test_the_report_is_labelled_from_the_config(screen):
 
 
 def test_its_cells_trained_with_the_declared_values(screen):
-    from eps_screen.design import Cell
+    from eps_screen.spec.design import Cell
 
     config, _, screen_dir = screen
     lr, rank, epochs = (3e-3, 1e-2), (4, 16), (4, 8)

@@ -30,9 +30,9 @@ from prefect.client.schemas.filters import FlowRunFilterStateType
 from prefect.client.schemas.objects import StateType
 from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings
 
-from eps_screen import design
-from eps_screen.config import ScreenConfig
-from eps_screen.store import ResultStore
+from eps_screen.spec import design
+from eps_screen.spec.config import ScreenConfig
+from eps_screen.store.result_store import ResultStore
 from flows.runtime.dispatch import dispatch_cells
 from tests.fakes.runpod_api import FakeRunPod, Faults
 from tests.integration.conftest import PREFECT, ROOT, quiet_env, stop
@@ -47,7 +47,7 @@ LIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
 
 FIRST_DISPATCH = """
 import json, sys
-from eps_screen.config import ScreenConfig
+from eps_screen.spec.config import ScreenConfig
 from flows.runtime.dispatch import dispatch_cells
 config = ScreenConfig.model_validate_json(open(sys.argv[1]).read())
 dispatch_cells(config, json.loads(sys.argv[2]), sys.argv[3], budget_usd=100.0, poll_s=1.0)

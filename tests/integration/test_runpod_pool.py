@@ -41,11 +41,11 @@ from prefect.client.schemas.filters import (  # noqa: E402
 from prefect.settings import PREFECT_API_URL, PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from eps_screen import design  # noqa: E402
-from eps_screen.aggregate import collect_gates  # noqa: E402
-from eps_screen.config import ScreenConfig  # noqa: E402
-from eps_screen.costs import cell_costs, cost_rows, screen_cost  # noqa: E402
-from eps_screen.store import ResultStore  # noqa: E402
+from eps_screen.plan.costs import cell_costs, cost_rows, screen_cost  # noqa: E402
+from eps_screen.run.aggregate import collect_gates  # noqa: E402
+from eps_screen.spec import design  # noqa: E402
+from eps_screen.spec.config import ScreenConfig  # noqa: E402
+from eps_screen.store.result_store import ResultStore  # noqa: E402
 from flows.runtime.dispatch import dispatch_cells  # noqa: E402
 from flows.runtime.status import render, screen_status  # noqa: E402
 from tests.fakes.runpod_api import FakeRunPod, Faults  # noqa: E402

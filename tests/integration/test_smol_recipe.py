@@ -53,7 +53,7 @@ def test_the_page_names_the_model_and_says_its_weights_are_real(screen):
 
 
 def test_each_cell_trained_with_its_levels_values(screen):
-    from eps_screen.design import Cell
+    from eps_screen.spec.design import Cell
 
     _, screen_dir = screen
     # The factors that set config fields (L, R, N); the loss mask (M) is a treatment, checked by the page's test.

@@ -25,7 +25,7 @@ CELLS = 36 + 1  # small_screen: 2 sources x 16 slab runs + 4 multi-seed cells, a
 SITE = '''
 import os
 if os.environ.get("EPS_TEST_SAVED"):
-    from eps_screen import store
+    from eps_screen.store import result_store as store
 
     _save = store.ResultStore.save_cell
 

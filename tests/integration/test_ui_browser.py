@@ -39,7 +39,7 @@ import requests
 
 from eps_screen.report.serve import report_url
 from eps_screen.report.stores import location
-from eps_screen.store import ResultStore
+from eps_screen.store.result_store import ResultStore
 from tests.integration.conftest import ROOT, free_port, stop
 from tests.integration.servers import (
     EPS_SCREEN,

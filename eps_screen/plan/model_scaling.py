@@ -1,0 +1,102 @@
+"""The measured figures, all of a Qwen2.5-7B-shaped model, carried over to the model a config screens.
+
+A model of another shape computes a different number of FLOPs per token: its training and generation figures are
+the 7B's times the ratio of FLOPs per token (model_shape.flops_per_token, at the condition's sequence length). A
+small model is not bound by its FLOPs, though: a training step and a decode step cost time of their own (kernel
+launches, the optimizer, scheduling). That floor was measured by hand on SmolLM2-135M-Instruct (figures.json
+"anchor/smollm2-h100/*", an H100): a model smaller than the 7B is counted at the FLOPs ratio, but at most at those
+anchors' speed, and never slower than the 7B itself. Its engine starts as the nearer (by parameters) of the two
+measured models' did. Where only a parameter count is known (a hub id with a size in its name) the figures scale by
+parameters instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from eps_screen.models.shape import MEASURED, model_params, model_shape
+from eps_screen.plan.figures import Figure, entry, figure
+from eps_screen.plan.memory import REFERENCE_PARAMS
+from eps_screen.plan.sequence_lengths import sequence_tokens
+from eps_screen.spec.config import ScreenConfig
+
+
+
+@dataclass
+class ScaledRates:
+    train: dict[str, Figure]
+    generate: dict[str, Figure]
+    answers: dict[str, Figure] | None
+    engine: str = "start/vllm"  # the figures of the engine's start: the nearer measured model's
+    sleep_factor: float = 1.0  # an engine's first sleep moves its weights: by their size
+    notes: list[str] = field(default_factory=list)
+
+
+def _scaled(f: Figure, factor: float, ceiling: Figure | float | None, how: str) -> Figure:
+    value = f.value * factor
+    source, note = f.source, f"x{factor:.2f} {how}"
+    if ceiling is not None and factor > 1:
+        cap = ceiling.value if isinstance(ceiling, Figure) else ceiling
+        if value > cap:
+            value = max(f.value, cap)
+            note = (f"x{factor:.2f} {how}, capped at the small model's measured speed"
+                    if cap > f.value else "the 7B's figure: the small model's measured speed is no faster")
+            if isinstance(ceiling, Figure):
+                source = f"{f.source}, {ceiling.source}"
+    return Figure(round(value), f.unit, source, note)
+
+
+def train_step_s() -> float:
+    """Seconds of a LoRA training step of the small anchor model (its measured run over its steps)."""
+    e = entry("anchor/smollm2-h100/train")
+    return e["value"] / (e["examples"] * e["epochs"] / e["batch_size"])
+
+
+def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dict[str, Figure],
+                   answers: dict[str, Figure] | None, vllm: bool = True) -> ScaledRates:
+    """The rates for config.model.base's shape (unchanged for the 7B shape, or a model of unknown size); `vllm`:
+    the generation figures are vLLM's (else transformers', which a smaller model does not speed up)."""
+    ref = config.model.base
+    shape = model_shape(ref)
+    if shape == MEASURED or shape is None and not model_params(ref):
+        return ScaledRates(train, generate, answers)
+    if shape is None:  # a size from the name only
+        params = model_params(ref)
+        if abs(params / REFERENCE_PARAMS - 1) <= 0.25:
+            return ScaledRates(train, generate, answers)
+        s = REFERENCE_PARAMS / params
+        scale = {c: s for c in train}
+        how = "by parameters"
+        note = f"{ref}: figures scaled from the 7.6B-parameter measurements by parameter count"
+    else:
+        params = shape.params
+        scale = {}
+        for c in train:
+            seq = sequence_tokens(config, int(c[1]), int(c[3]))[2]
+            scale[c] = MEASURED.flops_per_token(seq / 2) / shape.flops_per_token(seq / 2)
+        how = "by FLOPs per token"
+        note = (f"{ref}: {params / 1e6:,.0f}M parameters ({shape.layers} layers, hidden {shape.hidden}, vocabulary"
+                f" {shape.vocab:,}): the 7B's figures x{min(scale.values()):.2f}-x{max(scale.values()):.2f} by FLOPs"
+                " per token")
+    small = params < REFERENCE_PARAMS
+    step = config.training.batch_size / train_step_s()
+    t = {c: _scaled(f, scale[c], step * sequence_tokens(config, int(c[1]), int(c[3]))[2] if small else None, how)
+         for c, f in train.items()}
+    lora, base = figure("anchor/smollm2-h100/vllm-lora"), figure("anchor/smollm2-h100/vllm-base")
+    g = {c: _scaled(f, scale[c], lora if small else None, how) for c, f in generate.items()}
+    if small and not vllm:  # transformers' decode is bound by Python per step (BENCHMARKS.md): no gain from a smaller model
+        g = dict(generate)
+    a = {c: _scaled(f, scale[c], base if small else None, how) for c, f in answers.items()} if answers else None
+    out = ScaledRates(t, g, a, notes=[note])
+    if small and not vllm:
+        out.notes.append("transformers generation at the 7B's figures: its decode is bound by Python per step")
+    if small:
+        out.notes.append(f"a model smaller than the 7B: training at most one step per {train_step_s():.2f} s and"
+                         f" generation at most {lora.value:,.0f} tokens/s through an adapter, {base.value:,.0f}"
+                         " without (SmolLM2-135M on an H100, measured by hand)")
+    anchor_params = model_params("smollm2-135m-instruct")
+    if abs(math.log(params / anchor_params)) < abs(math.log(params / REFERENCE_PARAMS)):
+        out.engine = "anchor/smollm2-h100/engine"
+    out.sleep_factor = params / REFERENCE_PARAMS
+    return out
