@@ -31,10 +31,11 @@ def _upward(graph: dict[str, set[str]], wings: list[str], top: str = "eps_screen
 
 
 def _outside_the_wings(package: Path, wings: list[str]) -> list[str]:
-    """Modules and folders of the package that are in no wing (its __init__.py and caches aside)."""
+    """Modules of the package, and folders holding modules, that are in no wing (its __init__.py aside; a folder
+    that holds only caches is what git leaves of a package moved away, and holds no module)."""
     return sorted(p.name for p in package.iterdir()
                   if (p.suffix == ".py" and p.name != "__init__.py")
-                  or (p.is_dir() and p.name not in wings and p.name != "__pycache__"))
+                  or (p.is_dir() and p.name not in wings and any(p.rglob("*.py"))))
 
 
 def test_the_checks_see_an_upward_import_a_lazy_one_and_a_module_outside_the_wings(tmp_path):
@@ -47,6 +48,7 @@ def test_the_checks_see_an_upward_import_a_lazy_one_and_a_module_outside_the_win
     (pkg / "low" / "b.py").write_text("X = 1\n")
     (pkg / "low" / "c.py").write_text("def f():\n    from pkg.high.a import b\n    return b\n")  # up, lazily
     (pkg / "loose.py").write_text("")
+    (pkg / "gone" / "__pycache__").mkdir(parents=True)  # what git leaves of a package moved away
     graph = _import_graph({"pkg": pkg})
     assert _upward(graph, ["low", "high"], "pkg") == ["pkg.low.c -> pkg.high.a (low -> high)"]
     assert _outside_the_wings(pkg, ["low", "high"]) == ["loose.py"]
