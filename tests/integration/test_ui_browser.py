@@ -200,17 +200,26 @@ class Browser:
         return (f"[...document.querySelectorAll('.schema-form-property')].find(p => ((p.querySelector("
                 f"'.p-label__header') || {{}}).textContent || '').trim().split(' ')[0] === {json.dumps(label)})")
 
-    def use_json_input(self, label: str) -> None:
-        """The form field `label`'s menu -> "Use JSON input": the field becomes one JSON editor for its value."""
-        opened = self.js(f"""(() => {{
-            const button = {self._field(label)}?.querySelector('.schema-form-property-menu button');
-            if (button) button.click();
-            return !!button;
-        }})()""")
-        assert opened, f"no menu on the field {label!r}: {self.text()[:1000]}"
-        self.wait_for("Use JSON input")
-        self.click_text("Use JSON input")
-        self.wait_until(self._editor(label))
+    def use_json_input(self, label: str, tries: int = 3) -> None:
+        """The form field `label`'s menu -> "Use JSON input": the field becomes one JSON editor for its value. Asked
+        again where the field stays a form of boxes: on a loaded machine one CI run's click left it so for 30 s (the
+        form built again under the open menu, as paste_json's note says of Submit)."""
+        for attempt in range(tries):
+            opened = self.js(f"""(() => {{
+                const button = {self._field(label)}?.querySelector('.schema-form-property-menu button');
+                if (button) button.click();
+                return !!button;
+            }})()""")
+            assert opened, f"no menu on the field {label!r}: {self.text()[:1000]}"
+            self.wait_for("Use JSON input")
+            self.click_text("Use JSON input")
+            try:
+                self.wait_until(self._editor(label), limit_s=20)
+                return
+            except AssertionError:
+                if attempt == tries - 1:
+                    raise
+                self.js("document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}))")  # a menu left open
 
     def click_tab(self, label: str) -> None:
         clicked = self.js(f"""(() => {{
