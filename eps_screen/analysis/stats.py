@@ -317,11 +317,9 @@ def holm(p: Sequence[float] | np.ndarray) -> np.ndarray:
 def same_contrast(coded: np.ndarray, factors: Sequence[str], terms: list[tuple[str, ...]]) -> tuple[int, ...]:
     """For each term, the first term whose contrast column over these cells (coded -1/+1, one column per factor) is
     the same up to sign: aliased with it in a fraction, so one estimate and one test. Itself where none is."""
-    col = {f: i for i, f in enumerate(factors)}
     seen: dict[bytes, int] = {}
     out = []
-    for i, term in enumerate(terms):
-        c = np.prod(coded[:, [col[f] for f in term]], axis=1) if len(coded) else np.zeros(0)
+    for i, c in enumerate(term_columns(coded, factors, terms).T):
         key = (c * (np.sign(c[0]) if c.size and c[0] else 1)).round(9).tobytes()
         out.append(seen.setdefault(key, i))
     return tuple(out)
