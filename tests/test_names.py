@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 import yaml
 
@@ -41,3 +42,14 @@ def test_each_gpu_pool_of_the_config_has_its_cell_deployment():
     pools = set(ExecutionConfig.model_fields["pool"].annotation.__args__) - {"inprocess"}
     assert set(names.JOB_DEPLOYMENTS) == pools
     assert set(names.JOB_DEPLOYMENTS.values()) == {"job/job-local-gpu", "job/job-runpod"}
+
+
+def test_the_integration_tier_deploys_flows_that_exist():
+    """A renamed flow file must fail here, in the fast tier, not in (or silently around) a slow integration test."""
+    found = []
+    for test in (ROOT / "tests" / "integration").glob("*.py"):
+        for file, function in re.findall(r"[\"']([\w/]+\.py):(\w+)[\"']", test.read_text()):
+            found.append(file)
+            assert (ROOT / file).is_file(), f"{test.name} deploys {file}:{function}, a missing file"
+            assert function in _flow_names(ROOT / file), f"{test.name} deploys {file}:{function}, not a flow there"
+    assert "flows/job.py" in found
