@@ -78,6 +78,16 @@ def _adapters(config, n: int, first: int, work: Path) -> list[str]:
     return out
 
 
+def _settings(llm) -> dict:
+    """What the engine resolved its defaults to (None where this vLLM names it otherwise)."""
+    vc = getattr(llm.llm_engine, "vllm_config", None)
+    sched, comp = getattr(vc, "scheduler_config", None), getattr(vc, "compilation_config", None)
+    out = {k: getattr(sched, k, None) for k in ("async_scheduling", "max_num_seqs", "max_num_batched_tokens")}
+    sizes = getattr(comp, "cudagraph_capture_sizes", None)
+    out["cudagraph_max"] = max(sizes) if sizes else None
+    return out
+
+
 def child(args) -> None:
     engines, env, engine_args, evals, _ = VARIANTS[args.variant]
     share = round(0.85 / engines, 3) if engines > 1 else None
@@ -98,6 +108,7 @@ def child(args) -> None:
     started = time.perf_counter()
     gen = make_generator("vllm", config.model.base, config)
     start_s = time.perf_counter() - started
+    settings = _settings(gen.llm)
     warm = GenerationParams(max_new_tokens=32, samples=1, seed=1)
     gen.generate_many([(prompts[:64], adapters[0])], warm)
     ready = Path(args.work) / f"ready-{args.variant}-{args.part}"
@@ -117,7 +128,7 @@ def child(args) -> None:
     t1 = time.time()
     tokens = gen.stats["generated_tokens"] - before
     result = {"start_s": start_s, "t0": t0, "t1": t1, "tokens": tokens, "requests": per * len(prompts) * args.samples,
-              "engine": {k: v for k, v in gen.stats.items() if not isinstance(v, list)}}
+              "engine": {k: v for k, v in gen.stats.items() if not isinstance(v, list)}, "settings": settings}
     if profiler:
         text = io.StringIO()
         stats = pstats.Stats(profiler, stream=text)
@@ -159,7 +170,7 @@ def parent(args) -> None:
             span = max(p["t1"] for p in parts) - min(p["t0"] for p in parts)
             tokens = sum(p["tokens"] for p in parts)
             row.update(tokens=tokens, call_s=span, tokens_per_s=tokens / span,
-                       engine_start_s=[round(p["start_s"], 1) for p in parts],
+                       engine_start_s=[round(p["start_s"], 1) for p in parts], settings=parts[0]["settings"],
                        mean_answer_tokens=tokens / sum(p["requests"] for p in parts))
             print(f"{name}: {row['tokens_per_s']:,.0f} tok/s ({tokens:,} tokens in {span:.1f} s, "
                   f"{row['mean_answer_tokens']:.0f} a answer; start {row['engine_start_s']} s, wall {wall:.0f} s)",
