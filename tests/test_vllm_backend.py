@@ -7,6 +7,8 @@ strings: several adapters in one generate_multi call = each adapter alone = Tran
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -15,7 +17,7 @@ from benchmarks.gpu_common import random_adapter  # noqa: E402
 from eps_screen.generation import GenerationParams, Prompt  # noqa: E402
 from eps_screen.generation.backends import make_generator  # noqa: E402
 from eps_screen.generation.vllm_backend import lora_rank_slot, request_seed  # noqa: E402
-from eps_screen.spec.config import parse_config  # noqa: E402
+from eps_screen.spec.config import ConfigError, parse_config  # noqa: E402
 from tests.conftest import SMOLLM2  # noqa: E402
 
 PROMPTS = [
@@ -279,3 +281,33 @@ def test_an_engine_that_cannot_wake_says_what_holds_the_card(monkeypatch):
     with pytest.raises(RuntimeError, match=r"could not wake: 2.0 of 140.0 GiB free .* 13.0 GiB \(17.0 reserved\)"):
         gen.wake()
     assert gen.asleep  # still asleep: a later wake tries again
+
+
+@pytest.mark.parametrize(("eval_settings", "user_env", "want_env", "want_async"), [
+    ({}, None, "0", None),
+    ({"vllm_engine_core": "own_process", "vllm_async_scheduling": True}, None, "1", True),
+    ({"vllm_async_scheduling": False}, None, "0", False),
+    ({"vllm_engine_core": "own_process"}, "0", "0", None),  # the user's environment wins
+])
+def test_the_engine_core_runs_where_the_config_says(eval_settings, user_env, want_env, want_async, monkeypatch):
+    """eval.vllm_engine_core sets vLLM's multiprocessing for each engine (checked with vllm.LLM replaced)."""
+    import vllm
+
+    from eps_screen.generation import vllm_backend
+
+    seen: dict = {}
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(vllm_backend, "_on_gpu", lambda: True)
+    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured, vocab=None: 0.5)
+    monkeypatch.setattr(vllm_backend, "_USER_MULTIPROCESSING", user_env)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "unset by the engine")
+    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"}, "eval": eval_settings})
+    engine = vllm_backend.VLLMGenerator("tiny", config)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == want_env
+    assert engine.engine_in_process == (want_env == "0")
+    assert seen.get("async_scheduling") == want_async
+
+
+def test_merging_an_adapter_needs_the_engine_core_in_process():
+    with pytest.raises(ConfigError, match="vllm_engine_core: in_process"):
+        parse_config({"model": {"base": "tiny"}, "eval": {"vllm_merge_adapter": True, "vllm_engine_core": "own_process"}})

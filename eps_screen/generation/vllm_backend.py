@@ -34,6 +34,8 @@ from eps_screen.generation import GenerationParams, Prompt
 from eps_screen.generation.transformers_backend import chat_messages
 from eps_screen.models.shape import model_vocab
 
+# A user's own setting, from before any engine of this process set it for its config.
+_USER_MULTIPROCESSING = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
@@ -110,10 +112,11 @@ class VLLMGenerator:
 
         gpu = _on_gpu()
         ev = config.eval
-        # Must be set before vLLM reads its environment (at engine creation).
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        # The engine core runs in this process unless the environment says otherwise (then it has processes of its
-        # own, which an immediate exit of this one would leave behind: engine_process shuts such an engine down).
+        # Read by vLLM at engine creation. The engine core runs in this process unless eval.vllm_engine_core or the
+        # user's environment says otherwise (then it has a process of its own, which an immediate exit of this one
+        # would leave behind: engine_process shuts such an engine down).
+        own = getattr(ev, "vllm_engine_core", "in_process") == "own_process"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _USER_MULTIPROCESSING or ("1" if own else "0")
         self.engine_in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         if not gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(getattr(ev, "vllm_cpu_kvcache_gb", 1)))
@@ -147,6 +150,8 @@ class VLLMGenerator:
             kwargs["enable_sleep_mode"] = True
             if ev.vllm_max_num_seqs:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
+            if getattr(ev, "vllm_async_scheduling", None) is not None:
+                kwargs["async_scheduling"] = bool(ev.vllm_async_scheduling)
             if not kwargs["enforce_eager"]:
                 graphs = {}
                 if ev.vllm_cudagraph_max_batch:
@@ -167,7 +172,7 @@ class VLLMGenerator:
         self.can_sleep = gpu
         self.asleep = False
         # Merging needs the training base's weights in this process: the base model's engine, on a GPU.
-        self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and self.serves_adapters
+        self.merge_adapter = bool(ev.vllm_merge_adapter) and gpu and self.serves_adapters and self.engine_in_process
         self.model_config = config.model
         # What a job's timing breakdown needs of the engine: its start, each sleep and wake, tokens generated.
         self.stats: dict = {"start_s": 0.0, "sleep_s": [], "wake_s": [], "generated_tokens": 0, "requests": 0,

