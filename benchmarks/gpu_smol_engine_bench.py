@@ -45,6 +45,9 @@ VARIANTS: dict[str, tuple[int, dict, dict, dict, str]] = {
                       "and 2,048 sequences decoded together instead of 1,024"),
     "eager_mp_async": (1, MP, {"async_scheduling": True}, {"vllm_enforce_eager": True},
                        "no torch.compile and no CUDA graphs (the cold start's 2-3 minutes)"),
+    "unseeded": (1, {}, {}, {"vllm_seed_each_answer": False}, "shipped, with no seed per answer (one batched draw)"),
+    "mp_async_unseeded": (1, MP, {"async_scheduling": True}, {"vllm_seed_each_answer": False},
+                          "own process, async scheduling and no seed per answer"),
     "two_mp_async": (2, MP, {"async_scheduling": True}, {}, "two engines on the card, half the adapters each"),
     "four_mp_async": (4, MP, {"async_scheduling": True}, {}, "four engines on the card, a quarter of the adapters"),
 }

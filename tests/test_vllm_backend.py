@@ -311,3 +311,18 @@ def test_the_engine_core_runs_where_the_config_says(eval_settings, user_env, wan
 def test_merging_an_adapter_needs_the_engine_core_in_process():
     with pytest.raises(ConfigError, match="vllm_engine_core: in_process"):
         parse_config({"model": {"base": "tiny"}, "eval": {"vllm_merge_adapter": True, "vllm_engine_core": "own_process"}})
+
+
+@pytest.mark.parametrize(("each", "want"), [(True, True), (False, False)])
+def test_answers_carry_seeds_of_their_own_unless_the_config_says_not(each, want, monkeypatch):
+    import vllm
+
+    from eps_screen.generation import vllm_backend
+
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: None)
+    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"},
+                           "eval": {"vllm_seed_each_answer": each}})
+    engine = vllm_backend.VLLMGenerator("tiny", config)
+    sampled = engine._sampling(GenerationParams(max_new_tokens=4, temperature=1.0), seed=11)
+    assert (sampled.seed == 11) is want and (sampled.seed is None) is not want
+    assert engine._sampling(GenerationParams(max_new_tokens=4, temperature=0.0), seed=11).seed is None  # greedy

