@@ -18,7 +18,9 @@ def test_speed_and_pacing_settings_keep_the_keys():
         qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_max_num_seqs": 512,
                                                                           "vllm_gpu_memory_utilization": 0.5,
                                                                           "vllm_cudagraph_max_batch": 512,
-                                                                          "vllm_cudagraph_specialize_lora": False}),
+                                                                          "vllm_cudagraph_specialize_lora": False,
+                                                                          "vllm_engine_core": "own_process",
+                                                                          "vllm_async_scheduling": False}),
         qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, training={"max_batch_tokens": 9000, "compile": False}),
         qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, execution={"job_eval": "per_job", "cells_per_job": 2,
                                                                                 "engine_cache_dir": "/elsewhere"}),
@@ -36,6 +38,10 @@ def test_what_changes_the_answers_changes_the_keys():
     # merging the adapter into bf16 weights changes the numbers the evaluation sees
     merged = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_merge_adapter": True})
     assert cell_key(merged, CELL) != cell_key(base, CELL)
+    # answers left to the engine's one random stream are other draws than seeded ones
+    unseeded = qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_seed_each_answer": False})
+    assert cell_key(unseeded, CELL) != cell_key(base, CELL)
+    assert regime_key(unseeded, regime_of(unseeded, CELL)) != regime_key(base, regime_of(base, CELL))
     # the off-policy engine's 8-bit KV cache changes its answers in the low bits; at 'auto' (added later) the key
     # is the one stores already hold (tests/test_factors_config.py pins those)
     model = qwen7b_config(off_policy={"vllm_quantization": "none"})  # the off-policy model's weights as it was built

@@ -64,14 +64,16 @@ _SPEED_ONLY = {
                  "share_prefix"),
     "eval": ("batch_size", "batch_prompt_tokens", "vllm_max_loras", "vllm_max_cpu_loras",
              "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "vllm_cudagraph_max_batch", "vllm_cudagraph_specialize_lora",
-             "vllm_max_model_len", "vllm_enforce_eager", "vllm_cpu_kvcache_gb"),
+             "vllm_max_model_len", "vllm_enforce_eager", "vllm_cpu_kvcache_gb", "vllm_engine_core",
+             "vllm_async_scheduling"),
     # how a hosted API is paced and where its key is read: the answers come from the model and the prompts alone
     "off_policy": ("max_concurrent", "requests_per_minute", "max_retries", "retry_backoff_s", "timeout_s", "api_key_env"),
 }
 
 # Fields added after stores existed: at these values they stay out of the key, so a store's finished cells keep
 # the keys they were stored under.
-_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto", "vllm_quantization": "none"}}
+_ADDED_AT_DEFAULT = {"off_policy": {"vllm_kv_cache_dtype": "auto", "vllm_quantization": "none"},
+                     "eval": {"vllm_seed_each_answer": True}}  # unseeded answers are other draws: a key of their own
 
 
 def _digest(payload: dict) -> str:
@@ -132,6 +134,8 @@ def _cell_key(config: ScreenConfig, cell: Cell) -> str:
 def _regime_key(config: ScreenConfig, regime: Regime) -> str:
     resolved = design.regime_recipe(config, regime).config
     payload = {**_inputs(resolved, _REGIME_INPUTS), "regime": regime.id, "eval": None}
+    if not resolved.eval.vllm_seed_each_answer:  # the answer sets are drawn by the same engine as the evaluation
+        payload["unseeded"] = True
     if is_tiny(resolved.model.base) and resolved.marker != CONTAMINATION_MARKER:
         payload["tiny_build"] = resolved.marker  # the tiny model is built for the marker (eps_screen.models.tiny)
     extra = design.key_treatments(config, design.regime_levels(config, regime))
