@@ -116,7 +116,7 @@ class VLLMGenerator:
         # Read by vLLM at engine creation. The engine core runs in this process unless eval.vllm_engine_core or the
         # user's environment says otherwise (then it has a process of its own, which an immediate exit of this one
         # would leave behind: engine_process shuts such an engine down).
-        own = getattr(ev, "vllm_engine_core", "in_process") == "own_process"
+        own = ev.vllm_engine_core == "own_process"
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = _USER_MULTIPROCESSING or ("1" if own else "0")
         self.engine_in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         if not gpu:
@@ -127,7 +127,7 @@ class VLLMGenerator:
         self.tokenizer = load_tokenizer(model_ref, config.model.revision)
         path = resolve(model_ref)
         self.max_loras = int(getattr(ev, "vllm_max_loras", 8))
-        self.seed_each_answer = bool(getattr(ev, "vllm_seed_each_answer", True))
+        self.seed_each_answer = ev.vllm_seed_each_answer
         self.serves_adapters = model_ref == config.model.base
         kwargs = dict(
             model=path,
@@ -152,8 +152,8 @@ class VLLMGenerator:
             kwargs["enable_sleep_mode"] = True
             if ev.vllm_max_num_seqs:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
-            if getattr(ev, "vllm_async_scheduling", None) is not None:
-                kwargs["async_scheduling"] = bool(ev.vllm_async_scheduling)
+            if ev.vllm_async_scheduling is not None:
+                kwargs["async_scheduling"] = ev.vllm_async_scheduling
             if not kwargs["enforce_eager"]:
                 graphs = {}
                 if ev.vllm_cudagraph_max_batch:
