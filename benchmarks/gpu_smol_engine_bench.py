@@ -51,6 +51,10 @@ VARIANTS: dict[str, tuple[int, dict, dict, dict, str]] = {
                           "own process, async scheduling and no seed per answer"),
     "two_mp_async": (2, MP, {"async_scheduling": True}, {}, "two engines on the card, half the adapters each"),
     "four_mp_async": (4, MP, {"async_scheduling": True}, {}, "four engines on the card, a quarter of the adapters"),
+    "group2": (1, {}, {}, {"vllm_engines": 2}, "eval.vllm_engines: 2, the product's engine group (one call, dealt out)"),
+    "group4": (1, {}, {}, {"vllm_engines": 4}, "eval.vllm_engines: 4"),
+    "group4_unseeded": (1, {}, {}, {"vllm_engines": 4, "vllm_seed_each_answer": False},
+                        "eval.vllm_engines: 4 and no seed per answer"),
 }
 
 
@@ -110,11 +114,13 @@ def child(args) -> None:
     from eps_screen.generation.backends import make_generator
 
     started = time.perf_counter()
-    gen = make_generator("vllm", config.model.base, config)
+    group = engine_cache._engine_count(config, config.model.base)  # 1 on a CPU (a dry run)
+    # A group is built as a job builds it: engines.generator, each engine's share of the card and KV cache.
+    gen = engine_cache.generator(config, config.model.base) if group > 1 else make_generator("vllm", config.model.base, config)
     start_s = time.perf_counter() - started
-    settings = _settings(gen.llm)
+    settings = _settings(gen.llm) if group == 1 else {"engines": group, **gen.members[0].stats}
     warm = GenerationParams(max_new_tokens=32, samples=1, seed=1)
-    gen.generate_many([(prompts[:64], adapters[0])], warm)
+    gen.generate_many([(prompts[:64], adapters[i % len(adapters)]) for i in range(group)], warm)
     ready = Path(args.work) / f"ready-{args.variant}-{args.part}"
     ready.touch()
     while len(list(Path(args.work).glob(f"ready-{args.variant}-*"))) < engines:
@@ -141,6 +147,8 @@ def child(args) -> None:
         (out_dir() / "gpu_smol_engine_profile.txt").write_text(text.getvalue())
     Path(args.work, f"result-{args.variant}-{args.part}.json").write_text(json.dumps(result))
     sys.stdout.flush()
+    if group > 1:
+        gen.close()  # its engines' processes; the exit below skips the finalizers that would end them
     os._exit(0)  # the engine's memory goes with the process; an orderly shutdown only adds seconds
 
 

@@ -151,7 +151,10 @@ class ScreenRun:
         names = {3: gates.GATE_NAMES[3], 4: gates.GATE_NAMES[4]}
         names.update((int(g["number"]), g["name"]) for g in store.gates() if int(g["number"]) >= 3)
         for number, name in sorted(names.items()):
-            judged_gate(quote(store), number, name)
+            # Quoted: Prefect links an input to the run that returned an object of the same id(), and the gate's
+            # name or number can share one with a value in the aggregation's result (the graph then showed gate 3
+            # as fed by that subflow, which empties the UI's task-run list).
+            judged_gate(quote(store), quote(number), quote(name))
         progress.begin(None)
         get_run_logger().info("report: %s", shown_link(result.get("url"), result["report"]))
         fired = result.get("fired") or []

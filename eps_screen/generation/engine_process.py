@@ -61,7 +61,11 @@ def _serve(conn, backend: str, model_ref: str, config, quick_exit: bool) -> None
             if request is None:
                 break
             try:
-                out = gen.generate_many(*request)
+                if isinstance(request, str):  # "sleep" or "wake": the card handed to training and back
+                    control = getattr(gen, request, None)
+                    out = control() if callable(control) else None  # an engine that never sleeps (CPU): nothing
+                else:
+                    out = gen.generate_many(*request)
                 conn.send(("ok", out, dict(getattr(gen, "stats", {}))))
             except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
@@ -108,6 +112,7 @@ class ProcessGenerator:
         self._end = multiprocessing.util.Finalize(self, _end_child, args=(self._conn, self.process), exitpriority=10)
         self.stats: dict = {}
         self.built = self._imported = False
+        self._building: float | None = None
         if build:
             self.build()
 
@@ -121,14 +126,24 @@ class ProcessGenerator:
     def build(self) -> None:
         """Build the engine; what the caller waits is process_start_s, of which imports_waited_s for the child's
         imports (0 when they were done before)."""
-        if self.built:
+        self.start_build()
+        self.finish_build()
+
+    def start_build(self) -> None:
+        """Have the child build its engine, without waiting for it (engines of a group build together)."""
+        if self.built or self._building is not None:
             return
-        started = time.perf_counter()
+        self._building = time.perf_counter()
         try:
             self._conn.send("build")
         except (BrokenPipeError, OSError):  # the child ended at its imports: its error waits in the pipe
             pass
-        waited = 0.0
+
+    def finish_build(self) -> None:
+        if self.built:
+            return
+        self.start_build()
+        started, waited = self._building, 0.0
         if not self._imported:
             self.ready_to_build(timeout=None)
             waited = time.perf_counter() - started
@@ -159,9 +174,33 @@ class ProcessGenerator:
         return self.generate_many([(prompts, a) for a in adapters], params)
 
     def generate_many(self, jobs, params):
+        self.submit(jobs, params)
+        return self.collect()
+
+    def submit(self, jobs, params) -> None:
+        """Send a generate_many call without waiting for its answers (collect() returns them)."""
         self.build()
         self._conn.send(([(list(prompts), adapter) for prompts, adapter in jobs], params))
+
+    def collect(self):
         return self._reply()
+
+    def sleep(self) -> None:
+        """The child's engine sleeps (vLLM on a GPU: weights to host memory, KV cache dropped)."""
+        self._control("sleep")
+
+    def wake(self) -> None:
+        self._control("wake")
+
+    def _control(self, what: str) -> None:
+        if self.post(what):
+            self.collect()
+
+    def post(self, what: str) -> bool:
+        """Send "sleep" or "wake" to a built engine without waiting (collect() waits); False: none is built."""
+        if self.built:
+            self._conn.send(what)
+        return self.built
 
     def release(self) -> None:
         """End the engine's process: all its memory given back."""

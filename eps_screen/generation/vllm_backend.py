@@ -150,6 +150,8 @@ class VLLMGenerator:
         if gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_share(ev.vllm_gpu_memory_utilization, model_vocab(path))
             kwargs["enable_sleep_mode"] = True
+            if ev.vllm_kv_cache_gib:
+                kwargs["kv_cache_memory_bytes"] = int(ev.vllm_kv_cache_gib * 2**30)
             if ev.vllm_max_num_seqs:
                 kwargs["max_num_seqs"] = ev.vllm_max_num_seqs
             if ev.vllm_async_scheduling is not None:

