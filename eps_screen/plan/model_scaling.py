@@ -53,6 +53,31 @@ def train_step_s() -> float:
     return e["value"] / (e["examples"] * e["epochs"] / e["batch_size"])
 
 
+# Several engines of the base model on one card (eval.vllm_engines) were measured at 4 only: fewer count as one.
+GROUP_MEASURED = 4
+
+
+def _generation_anchors(config: ScreenConfig) -> tuple[Figure, Figure]:
+    """The small model's generation ceilings (through an adapter, without): one engine's, or at
+    eval.vllm_engines >= 4 the four engines' (more are not counted faster)."""
+    suffix = "-4engines" if vllm_engines_counted(config) == GROUP_MEASURED else ""
+    return figure(f"anchor/smollm2-h100/vllm-lora{suffix}"), figure(f"anchor/smollm2-h100/vllm-base{suffix}")
+
+
+def vllm_engines_counted(config: ScreenConfig) -> int:
+    return GROUP_MEASURED if config.eval.vllm_engines >= GROUP_MEASURED else 1
+
+
+def _engines_said(config: ScreenConfig) -> str:
+    n = config.eval.vllm_engines
+    if n == 1:
+        return "one engine"
+    if n == GROUP_MEASURED:
+        return f"{n} engines (eval.vllm_engines)"
+    return (f"counted as {vllm_engines_counted(config)} engine(s): eval.vllm_engines={n} is not measured, only 1"
+            f" and {GROUP_MEASURED}")
+
+
 def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dict[str, Figure],
                    answers: dict[str, Figure] | None, vllm: bool = True) -> ScaledRates:
     """The rates for config.model.base's shape (unchanged for the 7B shape, or a model of unknown size); `vllm`:
@@ -83,7 +108,7 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
     step = config.training.batch_size / train_step_s()
     t = {c: _scaled(f, scale[c], step * sequence_tokens(config, int(c[1]), int(c[3]))[2] if small else None, how)
          for c, f in train.items()}
-    lora, base = figure("anchor/smollm2-h100/vllm-lora"), figure("anchor/smollm2-h100/vllm-base")
+    lora, base = _generation_anchors(config)
     g = {c: _scaled(f, scale[c], lora if small else None, how) for c, f in generate.items()}
     if small and not vllm:  # transformers' decode is bound by Python per step (BENCHMARKS.md): no gain from a smaller model
         g = dict(generate)
@@ -94,7 +119,7 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
     if small:
         out.notes.append(f"a model smaller than the 7B: training at most one step per {train_step_s():.2f} s and"
                          f" generation at most {lora.value:,.0f} tokens/s through an adapter, {base.value:,.0f}"
-                         " without (SmolLM2-135M on an H100, measured by hand)")
+                         f" without (SmolLM2-135M on an H100, {_engines_said(config)})")
     anchor_params = model_params("smollm2-135m-instruct")
     if abs(math.log(params / anchor_params)) < abs(math.log(params / REFERENCE_PARAMS)):
         out.engine = "anchor/smollm2-h100/engine"
