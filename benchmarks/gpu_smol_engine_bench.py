@@ -116,7 +116,8 @@ def child(args) -> None:
     started = time.perf_counter()
     group = engine_cache._engine_count(config, config.model.base)  # 1 on a CPU (a dry run)
     # A group is built as a job builds it: engines.generator, each engine's share of the card and KV cache.
-    gen = engine_cache.generator(config, config.model.base) if group > 1 else make_generator("vllm", config.model.base, config)
+    base = config.model.base
+    gen = engine_cache.generator(config, base) if group > 1 else make_generator("vllm", base, config)
     start_s = time.perf_counter() - started
     settings = _settings(gen.llm) if group == 1 else {"engines": group, **gen.members[0].stats}
     warm = GenerationParams(max_new_tokens=32, samples=1, seed=1)
@@ -195,7 +196,8 @@ def parent(args) -> None:
 
 def _passed(args) -> list[str]:
     return ["--adapters", str(args.adapters), "--samples", str(args.samples), "--max-new-tokens",
-            str(args.max_new_tokens), *(["--prompts", str(args.prompts)] if args.prompts else []), "--work", args.work, "--engine-cache", args.engine_cache]
+            str(args.max_new_tokens), *(["--prompts", str(args.prompts)] if args.prompts else []), "--work", args.work,
+            "--engine-cache", args.engine_cache]
 
 
 def main() -> None:
