@@ -28,6 +28,14 @@ class GenerationParams:
     seed: int = 0
 
 
+def params_per_job(jobs: Sequence, params: GenerationParams | Sequence[GenerationParams]) -> list[GenerationParams]:
+    """generate_many's params, one for every job: one given for all, or one per job."""
+    per_job = [params] * len(jobs) if isinstance(params, GenerationParams) else list(params)
+    if len(per_job) != len(jobs):
+        raise ValueError(f"{len(jobs)} jobs but {len(per_job)} generation params")
+    return per_job
+
+
 class Generator(Protocol):
     name: str
 

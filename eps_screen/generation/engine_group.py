@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eps_screen.generation import GenerationParams
+from eps_screen.generation import params_per_job
 from eps_screen.generation.engine_process import ProcessGenerator
 
 KV_SHARE = 0.6  # of an engine's share of the card; the rest: weights, activations, CUDA graphs, the sampler's buffers
@@ -94,9 +94,7 @@ class EngineGroup:
         return self.generate_many([(prompts, a) for a in adapters], params)
 
     def generate_many(self, jobs, params):
-        per_job = [params] * len(jobs) if isinstance(params, GenerationParams) else list(params)
-        if len(per_job) != len(jobs):
-            raise ValueError(f"{len(jobs)} jobs but {len(per_job)} generation params")
+        per_job = params_per_job(jobs, params)
         shares = deal([len(prompts) * p.samples for (prompts, _), p in zip(jobs, per_job, strict=True)],
                       len(self.members))
         busy = [(m, share) for m, share in zip(self.members, shares, strict=True) if share]

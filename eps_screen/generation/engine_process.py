@@ -185,17 +185,6 @@ class ProcessGenerator:
     def collect(self):
         return self._reply()
 
-    def sleep(self) -> None:
-        """The child's engine sleeps (vLLM on a GPU: weights to host memory, KV cache dropped)."""
-        self._control("sleep")
-
-    def wake(self) -> None:
-        self._control("wake")
-
-    def _control(self, what: str) -> None:
-        if self.post(what):
-            self.collect()
-
     def post(self, what: str) -> bool:
         """Send "sleep" or "wake" to a built engine without waiting (collect() waits); False: none is built."""
         if self.built:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eps_screen.generation import GenerationParams, Prompt
+from eps_screen.generation import GenerationParams, Prompt, params_per_job
 
 
 def chat_messages(prompt: Prompt) -> list[dict[str, str]]:
@@ -38,7 +38,7 @@ class TransformersGenerator:
     def generate_many(self, jobs, params):
         """[job][prompt][sample] for jobs of (prompts, adapter), params one for all or one per job: one
         generate() per job (transformers batches within a call only)."""
-        per_job = [params] * len(jobs) if isinstance(params, GenerationParams) else list(params)
+        per_job = params_per_job(jobs, params)
         return [self.generate(prompts, p, adapter) for (prompts, adapter), p in zip(jobs, per_job, strict=True)]
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 
-from eps_screen.generation import GenerationParams, Prompt
+from eps_screen.generation import GenerationParams, Prompt, params_per_job
 from eps_screen.generation.transformers_backend import chat_messages
 from eps_screen.models.shape import model_vocab
 
@@ -266,9 +266,7 @@ class VLLMGenerator:
         """[job][prompt][sample] for jobs of (prompts, adapter): e.g. a GPU job's cells, each with its own prompt
         condition, adapter and (as a list, one per job) seed, in one engine call. Requests go in job-major order,
         so the scheduler meets each adapter's requests together (at most max_loras adapters in one batch)."""
-        per_job = [params] * len(jobs) if isinstance(params, GenerationParams) else list(params)
-        if len(per_job) != len(jobs):
-            raise ValueError(f"{len(jobs)} jobs but {len(per_job)} generation params")
+        per_job = params_per_job(jobs, params)
         self.wake()
         reqs, sps, loras, shapes = [], [], [], []
         for (prompts, adapter), p in zip(jobs, per_job, strict=True):
