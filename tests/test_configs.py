@@ -143,3 +143,16 @@ def test_run_refuses_a_bad_config_before_importing_prefect(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "exit 2 False False" in out.stdout, out.stdout + out.stderr
     assert "data.positives" in out.stderr
+
+
+def test_trainer_processes_with_vllm_need_a_fixed_kv_cache_before_anything_runs():
+    data = load_config(CONFIGS / "smol-marker.yaml").model_dump(mode="json")
+    data["training"]["processes"] = 3
+    data["eval"]["vllm_kv_cache_gib"] = None
+    with pytest.raises(ConfigError, match=r"training.processes.*eval.vllm_kv_cache_gib"):
+        parse_config(data)
+    data["eval"]["vllm_kv_cache_gib"] = 3.0
+    assert parse_config(data).training.processes == 3
+    data["backend"]["generation"] = "transformers"  # an in-process engine holds no memory of its own to fix
+    data["eval"]["vllm_kv_cache_gib"] = None
+    assert parse_config(data).training.processes == 3

@@ -36,6 +36,7 @@ from eps_screen.spec.design import (
 from eps_screen.generation import GenerationParams
 from eps_screen.run import engines
 from eps_screen.run.scoring import answers_table, cell_rates
+from eps_screen.run.trainers import TrainerPool
 from eps_screen.store.provenance import provenance
 from eps_screen.store.result_store import ResultStore, cell_key, regime_key
 from eps_screen.train.lora import StepLog
@@ -346,17 +347,58 @@ def _compute_job(config: ScreenConfig, todo: list[Cell], store: ResultStore,
                  runs: dict[str, tracking.CellRun]) -> dict[str, dict]:
     """run_job's work by stage, each cell's training steps and results on its tracking run: every cell's answer
     set first (each engine starts once a job), then stage by stage (train.stages.stages) its cells' trainings and
-    one evaluation of their adapters, each cell stored before the next stage trains."""
-    prepared = []
-    for cell in todo:
-        started = time.perf_counter()
-        training, answers_s = _cell_training(config, cell, store, runs[cell.id].step)
-        prepared.append((cell, started, training, {"answers_s": answers_s}))
-    # One base for the job, as one engine evaluates it: run_job takes this path only when no factor varies the model.
-    base = engines.training_base(_engine_config(config))
+    one evaluation of their adapters, each cell stored before the next stage's are. With training.processes > 1
+    the trainings run in worker processes, started before the answer sets, a stage's beside the evaluation of the
+    stage before (`_overlapped`)."""
+    with ExitStack() as stack:
+        workers = config.training.processes
+        pool = stack.enter_context(TrainerPool(_engine_config(config), workers)) if workers > 1 else None
+        prepared = []
+        for cell in todo:
+            started = time.perf_counter()
+            training, answers_s = _cell_training(config, cell, store, runs[cell.id].step)
+            prepared.append((cell, started, training, {"answers_s": answers_s}))
+        if pool is not None:
+            return _overlapped(config, prepared, store, runs, pool)
+        # One base for the job, as one engine evaluates it: run_job takes this path only when no factor varies the
+        # model.
+        base = engines.training_base(_engine_config(config))
+        out = {}
+        for stage in stages(base.tokenizer, [training for _, _, training, _ in prepared],
+                            config.execution.cells_per_stage):
+            trained = _train_stage(base, [prepared[i] for i in stage.cells], stage)
+            out.update(_evaluate_stage(config, trained, store, runs))
+        return out
+
+
+def _overlapped(config: ScreenConfig, prepared: list[tuple], store: ResultStore, runs: dict[str, tracking.CellRun],
+                pool: TrainerPool) -> dict[str, dict]:
+    """The stages trained in the pool's workers, stage k+1's while stage k is evaluated (the engines awake). A
+    cell's train_s is its own training's seconds in its worker; job_train_s the stage's, from its submission to its
+    last training's end (the evaluation before it included)."""
+    from eps_screen.models.loading import load_tokenizer
+
+    engine_config = _engine_config(config)
+    tokenizer = load_tokenizer(engine_config.model.base, config.model.revision)
+    plan = stages(tokenizer, [training for _, _, training, _ in prepared], config.execution.cells_per_stage)
+    # The engines are up before anything trains: each takes its share of what is free when it starts, and a
+    # trainer's memory grows as it trains.
+    engines.generator(engine_config, engine_config.model.base)
+
+    def submit(stage):
+        return pool.submit([prepared[i][2] for i in stage.cells], stage)
+
     out = {}
-    for stage in stages(base.tokenizer, [training for _, _, training, _ in prepared], config.execution.cells_per_stage):
-        trained = _train_stage(base, [prepared[i] for i in stage.cells], stage)
+    pending = submit(plan[0])
+    for k, stage in enumerate(plan):
+        reports, wall = pending.result()
+        if k + 1 < len(plan):
+            pending = submit(plan[k + 1])
+        trained = []
+        for i, report in zip(stage.cells, reports, strict=True):
+            cell, started, training, times = prepared[i]
+            times.update(train_s=report.seconds, job_train_s=wall)
+            trained.append((cell, started, str(training.out_dir), report, times))
         out.update(_evaluate_stage(config, trained, store, runs))
     return out
 

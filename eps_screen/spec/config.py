@@ -454,6 +454,13 @@ class TrainingConfig(_Strict):
         description="Train a GPU job's short cells in shared passes over one base; measured faster on the H200 for"
                     " A0B0 cells (BENCHMARKS.md).",
     )
+    processes: int = Field(
+        1, ge=1, le=8,
+        description="GPU job, by stage: train its cells in this many processes, each with its own copy of the base,"
+                    " the next stage's while the job's engines evaluate the one before (they stay awake, so"
+                    " eval.vllm_kv_cache_gib must leave the trainers room). A small model's training is bound by its"
+                    " process's Python, not by the card; a large model's wants the card to itself (1).",
+    )
     share_prefix: bool = Field(
         True,
         description="Packed batches (packing): the examples of a micro-batch that begin with the same tokens (one"
@@ -826,6 +833,10 @@ class ScreenConfig(_Strict):
             )
         if self.gates.smoke_floor >= self.gates.smoke_ceiling:
             raise ValueError("gates.smoke_floor must be below gates.smoke_ceiling")
+        if self.training.processes > 1 and self.backend.generation == "vllm" and self.eval.vllm_kv_cache_gib is None:
+            raise ValueError(
+                "training.processes > 1 trains cells while the engines stay awake, so each engine's memory must be"
+                " fixed: set eval.vllm_kv_cache_gib (SmolLM2: 3 GiB holds 130,000 tokens), or set training.processes: 1")
         if self.backend.generation == "simulated" and self.backend.training != "simulated":
             raise ValueError("backend.generation 'simulated' needs backend.training 'simulated' too")
         problems = self._level_problems() + self._simulation_problems()

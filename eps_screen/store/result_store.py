@@ -61,7 +61,7 @@ _REGIME_INPUTS = ("model", "off_policy", "sources", "texts", "data", "eval")
 # How fast, not what: these settings never change an artifact's meaning, so they stay out of every key.
 _SPEED_ONLY = {
     "training": ("liger", "fused_lora", "compile", "max_batch_tokens", "gradient_checkpointing", "together",
-                 "share_prefix"),
+                 "share_prefix", "processes"),
     "eval": ("batch_size", "batch_prompt_tokens", "vllm_max_loras", "vllm_max_cpu_loras",
              "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "vllm_cudagraph_max_batch", "vllm_cudagraph_specialize_lora",
              "vllm_max_model_len", "vllm_enforce_eager", "vllm_cpu_kvcache_gb", "vllm_engine_core",

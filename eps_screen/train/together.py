@@ -255,20 +255,24 @@ def _forwards(pieces: list[tuple[int, list[Tokenized]]], budget: int | None) -> 
     return out
 
 
+def piece_tokens(r: Recipe) -> int:
+    """The most tokens one micro-batch of the recipe can hold: its micro-batch size times its longest example."""
+    longest = max(len(x.input_ids) for x in r.rows)
+    return split_batch(r.batch_size, r.grad_accum, longest, r.max_batch_tokens)[0] * longest
+
+
 def forward_budget(recipes: list[Recipe]) -> int:
     """Tokens one shared pass may hold: the largest max_batch_tokens of the recipes (a statement about the GPU the
     job's cells share, which the memory plan counts), and never less than the largest micro-batch one of them has
     alone. Without any max_batch_tokens, shared passes never need more memory than the largest cell alone."""
-    pieces = [split_batch(r.batch_size, r.grad_accum, longest, r.max_batch_tokens)[0] * longest
-              for r in recipes for longest in [max(len(x.input_ids) for x in r.rows)]]
-    return max(max((r.max_batch_tokens or 0 for r in recipes), default=0), max(pieces))
+    return max(max((r.max_batch_tokens or 0 for r in recipes), default=0), max(map(piece_tokens, recipes)))
 
 
-def cells_per_pass(recipes: list[Recipe]) -> float:
-    """How many cells' micro-batches share one pass on average under forward_budget (1: nothing is shared)."""
-    budget = forward_budget(recipes)
-    pieces = [split_batch(r.batch_size, r.grad_accum, longest, r.max_batch_tokens)[0] * longest
-              for r in recipes for longest in [max(len(x.input_ids) for x in r.rows)]]
+def cells_per_pass(recipes: list[Recipe], budget: int | None = None) -> float:
+    """How many cells' micro-batches share one pass on average under `budget` (default forward_budget; 1: nothing
+    is shared)."""
+    budget = budget or forward_budget(recipes)
+    pieces = [piece_tokens(r) for r in recipes]
     return len(pieces) / len(_forwards([(i, [Tokenized([0] * n, [])]) for i, n in enumerate(pieces)], budget))
 
 

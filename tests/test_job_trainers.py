@@ -1,0 +1,118 @@
+"""A GPU job's cells trained in worker processes (training.processes), each stage's beside the evaluation of the
+stage before (pipeline._overlapped): on the tiny model on the CPU, the four cells of tests/test_job_together.py in
+stages of two, trained by two workers. Each cell is trained in a worker, not in the job's process; each loss
+curve and adapter equals the job that trains in its own process (the same tolerance as training together); the
+optimizer steps reach the cell's tracking; and a worker's error fails the job with the first stage's cells
+stored.
+Trained alone here (training.together: false), each cell is a task of its own; cells that share passes go to a
+worker as one task through the same train_cells (tests/test_job_together.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eps_screen.run import engines, pipeline, trainers
+from eps_screen.spec.config import parse_config
+from eps_screen.store.result_store import ResultStore, cell_key
+from tests.test_job_together import CELLS, STEPS, _config, _distance, _report
+from tests.test_training_together import ADAPTER_TOL, LOSS_RTOL, _adapter
+
+pytestmark = pytest.mark.slow
+
+
+def _with_processes(store: Path, processes: int):
+    # alone, each cell a task of its own: stages [0, 1] and [2, 3] in job order (the cells' examples are alike)
+    data = _config(store, together=False, per_stage=2).model_dump(mode="json")
+    data["training"]["processes"] = processes
+    return parse_config(data)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("job_trainers")
+    out = {}
+    try:
+        for processes in (2, 1):
+            config = _with_processes(root / str(processes), processes)
+            out[processes] = config, pipeline.run_job(config, CELLS, ResultStore.for_config(config))
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+        engines._GENERATORS.clear()
+    return out
+
+
+def test_workers_train_every_cell_outside_the_job_process(jobs):
+    config, done = jobs[2]
+    workers = set()
+    for i, cell in enumerate(CELLS):
+        m = done[cell.id]
+        assert not m["reused"] and m["train"]["steps"] == STEPS[i], cell.id
+        worker = m["train"]["options"]["worker"]
+        assert worker != os.getpid(), f"{cell.id} trained in the job's process"
+        workers.add(worker)
+        assert m["timings"]["train_s"] > 0 and m["timings"]["job_train_s"] >= m["timings"]["train_s"]
+    assert len(workers) <= 2
+    # the one-process job records no worker
+    assert all("worker" not in m["train"]["options"] for m in jobs[1][1].values())
+
+
+def test_a_cell_trained_in_a_worker_equals_it_trained_in_the_job_process(jobs):
+    (pool_config, pooled), (own_config, own) = jobs[2], jobs[1]
+    for cell in CELLS:
+        assert cell_key(pool_config, cell) == cell_key(own_config, cell), "training.processes is speed only"
+        p, o = _report(pooled[cell.id]), _report(own[cell.id])
+        assert len(p["losses"]) == len(o["losses"]) == o["steps"]
+        assert p["losses"] == pytest.approx(o["losses"], rel=LOSS_RTOL), f"{cell.id}: the loss curve differs"
+        assert _distance(_adapter(Path(own[cell.id]["adapter"])), _adapter(Path(pooled[cell.id]["adapter"]))) \
+            < ADAPTER_TOL, cell.id
+
+
+def test_the_steps_a_worker_trains_reach_the_cell_tracking(tmp_path, monkeypatch):
+    config = _with_processes(tmp_path / "store", 2)
+    seen: dict[str, list[int]] = {}
+    real = pipeline._cell_training
+
+    def recording(config, cell, store, on_step=None):
+        return real(config, cell, store, lambda step, figures: seen.setdefault(cell.id, []).append(step))
+
+    monkeypatch.setattr(pipeline, "_cell_training", recording)
+    try:
+        pipeline.run_job(config, CELLS[:2], ResultStore.for_config(config))
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+        engines._GENERATORS.clear()
+    assert {cell_id: steps for cell_id, steps in seen.items()} == {
+        c.id: list(range(1, STEPS[i] + 1)) for i, c in enumerate(CELLS[:2])}
+
+
+def _fails_in_second_stage(cells, stage):
+    if any(c.name in json.loads(os.environ["EPS_TEST_FAIL_CELLS"]) for c in cells):
+        raise RuntimeError("the trainer ran out of memory")
+    return _real_train(cells, stage)
+
+
+_real_train = trainers._train
+
+
+def test_a_worker_error_fails_the_job_and_keeps_the_stored_stages(tmp_path, monkeypatch):
+    config = _with_processes(tmp_path / "store", 2)
+    store = ResultStore.for_config(config)
+    doomed = [c.id for c in CELLS[2:]]
+    monkeypatch.setenv("EPS_TEST_FAIL_CELLS", json.dumps(doomed))
+    monkeypatch.setattr(trainers, "_train", _fails_in_second_stage)
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            pipeline.run_job(config, CELLS, store)
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+        engines._GENERATORS.clear()
+    stored = {c.id for c in CELLS if store.cell_metrics(config, c) is not None}
+    assert stored and not stored & set(doomed), "the stage before the failure is stored; the failed one is not"
