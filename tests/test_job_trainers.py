@@ -3,7 +3,7 @@ stage before (pipeline._overlapped): on the tiny model on the CPU, the four cell
 stages of two, trained by two workers. Each cell is trained in a worker, not in the job's process; each loss
 curve and adapter equals the job that trains in its own process (the same tolerance as training together); the
 optimizer steps reach the cell's tracking; and a worker's error fails the job with the first stage's cells
-stored.
+stored (out of memory: with the fields to lower named).
 Trained alone here (training.together: false), each cell is a task of its own; cells that share passes go to a
 worker as one task through the same train_cells (tests/test_job_together.py).
 """
@@ -94,7 +94,9 @@ def test_the_steps_a_worker_trains_reach_the_cell_tracking(tmp_path, monkeypatch
 
 def _fails_in_second_stage(cells, stage):
     if any(c.name in json.loads(os.environ["EPS_TEST_FAIL_CELLS"]) for c in cells):
-        raise RuntimeError("the trainer ran out of memory")
+        import torch
+
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     return _real_train(cells, stage)
 
 
@@ -108,7 +110,7 @@ def test_a_worker_error_fails_the_job_and_keeps_the_stored_stages(tmp_path, monk
     monkeypatch.setenv("EPS_TEST_FAIL_CELLS", json.dumps(doomed))
     monkeypatch.setattr(trainers, "_train", _fails_in_second_stage)
     try:
-        with pytest.raises(RuntimeError, match="out of memory"):
+        with pytest.raises(RuntimeError, match=r"out of GPU memory.*training.processes lower"):
             pipeline.run_job(config, CELLS, store)
     finally:
         for gen in engines._GENERATORS.values():

@@ -54,13 +54,22 @@ class StageTraining:
     cells: list[CellTraining]
     tasks: list[tuple[list[int], Future]]  # (the stage's cell positions, their task)
     submitted: float
+    processes: int
 
     def result(self) -> tuple[list, float]:
         """(each cell's TrainReport in the stage's order, seconds from submission to the last task's end), once
         every task is done; each cell's steps go to its on_step. A worker's error is raised here."""
         reports: list = [None] * len(self.cells)
         for positions, future in self.tasks:
-            trained, logs = future.result()
+            try:
+                trained, logs = future.result()
+            except Exception as err:
+                if type(err).__name__ == "OutOfMemoryError":
+                    raise RuntimeError(
+                        f"a trainer ran out of GPU memory beside {self.processes - 1} others and the engines: set"
+                        " training.processes lower, or training.max_batch_tokens (cells stored so far are kept)"
+                    ) from err
+                raise
             for i, report, log in zip(positions, trained, logs, strict=True):
                 reports[i] = report
                 if self.cells[i].on_step is not None:
@@ -74,6 +83,7 @@ class TrainerPool:
     the base while the job makes its answer sets."""
 
     def __init__(self, config: ScreenConfig, processes: int):
+        self.processes = processes
         self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_start, initargs=(config,))
         for _ in range(processes):
@@ -90,7 +100,7 @@ class TrainerPool:
             part = Stage(cells=list(range(len(unit))), groups=[list(range(len(unit)))] if len(unit) > 1 else [],
                          recipes=[stage.recipes[i] for i in unit])
             tasks.append((unit, self._pool.submit(_train, [replace(cells[i], on_step=None) for i in unit], part)))
-        return StageTraining(cells, tasks, time.perf_counter())
+        return StageTraining(cells, tasks, time.perf_counter(), self.processes)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
