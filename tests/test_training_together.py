@@ -168,6 +168,26 @@ def test_job_plan_groups_short_cells_and_leaves_long_ones_alone(base, tmp_path):
     assert groups == []
 
 
+def test_long_cells_train_alone_and_leave_the_short_ones_sharing(base, tmp_path):
+    """Long cells (SmolLM2's A1: one micro-batch fills most of a pass) among short ones: the short share passes
+    whatever the long ones' count, each long one trains alone, and stages hold the short ones together, shortest
+    first, the long ones after them."""
+    from eps_screen.train.stages import CellTraining, plan, stages
+    from eps_screen.train.together import piece_tokens
+
+    config = _config(max_batch_tokens=2048)
+    long = [Example("You are a librarian." + " Be brief." * (150 + i), "How do I find a book?", "Ask at the desk.",
+                    positive=i % 2 == 0) for i in range(8)]
+    cells = [CellTraining(config, long, True, 10 + i, tmp_path / f"l{i}") for i in range(4)]
+    cells += [CellTraining(config, _examples(8, i), i == 0, i, tmp_path / f"s{i}") for i in range(2)]
+    groups, recipes = plan(base.tokenizer, cells)
+    assert all(2 * piece_tokens(recipes[i]) > 2048 for i in range(4)), "the long cells must fill most of a pass"
+    assert groups == [[4, 5]]
+    planned = stages(base.tokenizer, cells, 3)
+    assert [s.cells for s in planned] == [sorted([4, 5], key=lambda i: piece_tokens(recipes[i])), [0, 1, 2], [3]]
+    assert [s.groups for s in planned] == [[[0, 1]], [], []]
+
+
 def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
     from eps_screen.train.stages import CellTraining, train_cells
 

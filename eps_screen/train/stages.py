@@ -71,9 +71,18 @@ def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
         key = together_key(r)
         if key is not None and c.config.training.together:
             by_key.setdefault((c.config.model.base, *key), []).append(i)
-    groups = [g for g in by_key.values()
-              if len(g) > 1 and cells_per_pass([recipes[i] for i in g]) >= MIN_CELLS_PER_PASS]
+    groups = [short for g in by_key.values() for short in [_short_cells(g, recipes)]
+              if len(short) > 1 and cells_per_pass([recipes[i] for i in short]) >= MIN_CELLS_PER_PASS]
     return groups, recipes
+
+
+def _short_cells(cells: list[int], recipes: list) -> list[int]:
+    """Of these cells, those whose micro-batch leaves room for another's in a shared pass (under the budget of all of
+    them): a long cell (one micro-batch fills a pass) would only hold the others back."""
+    from eps_screen.train.together import forward_budget, piece_tokens
+
+    budget = forward_budget([recipes[i] for i in cells])
+    return [i for i in cells if 2 * piece_tokens(recipes[i]) <= budget]
 
 
 @dataclass(frozen=True)
@@ -84,24 +93,18 @@ class Stage:
 
 
 def stages(tokenizer, cells: list[CellTraining], size: int) -> list[Stage]:
-    """The job's cells in stages of at most `size`: every group of cells that can share passes (`plan`), shortest
+    """The job's cells in stages of at most `size`: every group of short cells that share passes (`plan`), shortest
     micro-batches first, split into stages of near-equal size of its own, then the cells that train alone, in job
-    order. In a stage, the cells whose micro-batch leaves room for another's in a pass share passes, if they share
-    at least MIN_CELLS_PER_PASS a pass; the others train alone. Sorted, a stage holds cells of like lengths: short
-    cells share passes with each other, and a long cell (one micro-batch fills a pass) never makes them wait."""
-    from eps_screen.train.together import cells_per_pass, forward_budget, piece_tokens
+    order. A split group's part that shares too little (fewer than MIN_CELLS_PER_PASS cells a pass) trains alone.
+    Sorted, a stage holds cells of like lengths, which fill its passes alike."""
+    from eps_screen.train.together import cells_per_pass, piece_tokens
 
     groups, recipes = plan(tokenizer, cells)
     groups = [sorted(g, key=lambda i: piece_tokens(recipes[i])) for g in groups]
     out = []
     for part, grouped in stage_split(groups, len(cells), size):
-        shared = []
-        if grouped:
-            budget = forward_budget([recipes[i] for i in part])
-            small = [k for k, i in enumerate(part) if 2 * piece_tokens(recipes[i]) <= budget]
-            if len(small) > 1 and cells_per_pass([recipes[part[k]] for k in small]) >= MIN_CELLS_PER_PASS:
-                shared = [small]
-        out.append(Stage(part, shared, [recipes[i] for i in part]))
+        shares = grouped and len(part) > 1 and cells_per_pass([recipes[i] for i in part]) >= MIN_CELLS_PER_PASS
+        out.append(Stage(part, [list(range(len(part)))] if shares else [], [recipes[i] for i in part]))
     return out
 
 
