@@ -381,15 +381,16 @@ def _overlapped(config: ScreenConfig, prepared: list[tuple], store: ResultStore,
     engine_config = _engine_config(config)
     tokenizer = load_tokenizer(engine_config.model.base, config.model.revision)
     plan = stages(tokenizer, [training for _, _, training, _ in prepared], config.execution.cells_per_stage)
-    # The engines are up before anything trains: each takes its share of what is free when it starts, and a
-    # trainer's memory grows as it trains.
-    engines.generator(engine_config, engine_config.model.base)
 
     def submit(stage):
         return pool.submit([prepared[i][2] for i in stage.cells], stage)
 
     out = {}
     pending = submit(plan[0])
+    # The engines start (or wake) while the first stage trains, not after it: a cold start of four took minutes on
+    # the H100. Each takes a share of what the card had free when the group began; a fixed KV cache
+    # (eval.vllm_kv_cache_gib) uses a fraction of that share, which leaves the trainers room to grow meanwhile.
+    engines.generator(engine_config, engine_config.model.base)
     for k, stage in enumerate(plan):
         reports, wall = pending.result()
         if k + 1 < len(plan):
