@@ -130,3 +130,27 @@ def test_a_hub_id_with_only_a_size_scales_by_parameters_and_is_held_to_the_small
         name = f"generate {c} (vLLM, lora adapter)"
         assert est.figures[name]["value"] == max(lora, seven.figures[name]["value"]), c
     assert est.hours["train"] < seven.hours["train"]
+
+
+def test_trainer_processes_count_their_measured_stage_walls_and_hide_the_evaluation():
+    """smol-marker.yaml trains in four processes (training.processes: 4), the short cells in shared passes: a cell's
+    training costs the measured stage wall over its cells (H200), and the evaluation, which runs beside the next
+    stage's training, counts only where the training does not cover it. One process: as before."""
+    from eps_screen.plan.model_scaling import train_step_s
+
+    four = load_config(CONFIGS / "smol-marker.yaml")
+    assert four.training.processes == 4
+    one = four.with_sets({"training.processes": 1})
+    est4, est1 = estimate(four), estimate(one)
+    per_cell = {name: figure(f"anchor/smollm2-h200/train-{name}").value for name in ("shared", "workers")}
+    assert per_cell["shared"] < per_cell["workers"] < figure("anchor/smollm2-h100/train").value
+    step = {name: train_step_s(f"anchor/smollm2-h200/train-{name}") for name in per_cell}
+    assert step["shared"] == pytest.approx(per_cell["shared"] / (600 * 3 / 16))
+    assert any(f"{step['shared']:.3f} s of the job's wall (A0)" in n and f"{step['workers']:.3f} s (A1)" in n
+               for n in est4.notes)
+    # 114 cells, half short and half long: about 57 x (9.06 + 13.75) s of training, where one process took 0.24 s a step
+    assert est4.hours["train"] * 3600 == pytest.approx(57 * sum(per_cell.values()), rel=0.1)
+    assert est1.hours["train"] > 1.8 * est4.hours["train"]
+    assert est4.hours["eval"] < est1.hours["eval"] / 2
+    assert any("evaluation runs beside the next stage's training" in n for n in est4.notes)
+    assert not any("beside the next stage" in n for n in est1.notes)

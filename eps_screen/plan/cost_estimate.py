@@ -19,6 +19,7 @@ from eps_screen.plan.memory import REFERENCE_PARAMS
 from eps_screen.plan.model_scaling import scale_to_model
 from eps_screen.spec import design
 from eps_screen.spec.config import ScreenConfig, is_tiny
+from eps_screen.train.stages import by_stage
 from eps_screen.plan.phase_sizes import (
     fewest_jobs_cells_per_job,
     gpu_jobs,
@@ -201,6 +202,17 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
 
     train_s = sum(train_tokens[c] / train_rate[c].value for c in CONDITIONS)
     eval_s = sum(eval_tokens[c] * tail / gen_rate[c].value for c in CONDITIONS)
+    # With trainer processes a stage's evaluation runs while the next stage trains (eps_screen.run.pipeline): only
+    # what is longer than the training it runs beside costs the card, and at least each job's last stage's.
+    beside = not tiny and config.training.processes > 1 and by_stage(config)
+    if beside:
+        stages_total = max(1, -(-work.distinct_cells // config.execution.cells_per_stage))
+        jobs_total = gpu_jobs(config, n_multi, dispatches=work.dispatches)
+        exposed = max(eval_s - train_s, eval_s * min(1.0, jobs_total / stages_total))
+        notes.append(f"training.processes: each stage's evaluation runs beside the next stage's training; evaluation"
+                     f" counted {exposed / 60:.1f} of its {eval_s / 60:.1f} GPU-minutes (what the training does not"
+                     " cover, and at least each job's last stage)")
+        eval_s = exposed
     # Answer sets and the pre-screen run without an adapter, each under its own prompt condition.
     answer_rate = base_rate or gen_rate
     off_rates, off_scale = _off_policy_rates(config, answer_rate, off_rate, tiny, notes)
@@ -208,7 +220,9 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
     def cell_seconds(cell_id: str) -> float:
         """A cell's training and evaluation seconds at its condition's rates."""
         w = work.cells[cell_id]
-        return w.train_tokens / train_rate[w.condition].value + w.answer_tokens * tail / gen_rate[w.condition].value
+        train, evaluate = (w.train_tokens / train_rate[w.condition].value,
+                           w.answer_tokens * tail / gen_rate[w.condition].value)
+        return max(train, evaluate) if beside else train + evaluate
 
     def regime_s(r: design.Regime) -> float:
         """An answer set's seconds: the base model's, or the off-policy model's (no GPU time from a file or an API)."""

@@ -47,10 +47,26 @@ def _scaled(f: Figure, factor: float, ceiling: Figure | float | None, how: str) 
     return Figure(round(value), f.unit, source, note)
 
 
-def train_step_s() -> float:
+def train_step_s(key: str = "anchor/smollm2-h100/train") -> float:
     """Seconds of a LoRA training step of the small anchor model (its measured run over its steps)."""
-    e = entry("anchor/smollm2-h100/train")
+    e = entry(key)
     return e["value"] / (e["examples"] * e["epochs"] / e["batch_size"])
+
+
+# Trainer processes (training.processes) were measured at 4 beside four engines: fewer count as one.
+TRAINERS_MEASURED = 4
+
+
+def cell_step_s(config: ScreenConfig, condition: str) -> float:
+    """Seconds of job wall a training step of one cell of the small anchor model costs: alone in the job's process;
+    or, with training.processes >= 4, a short (A0) cell's in a stage that shares passes and a long (A1) cell's in
+    one of four workers training at once (each the stage's wall over its cells)."""
+    from eps_screen.train.stages import trains_together
+
+    if config.training.processes < TRAINERS_MEASURED:
+        return train_step_s()
+    shared = condition.startswith("A0") and trains_together(config)
+    return train_step_s("anchor/smollm2-h200/train-" + ("shared" if shared else "workers"))
 
 
 # Several engines of the base model on one card (eval.vllm_engines) were measured at 4 only: fewer count as one.
@@ -105,8 +121,8 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
                 f" {shape.vocab:,}): the 7B's figures x{min(scale.values()):.2f}-x{max(scale.values()):.2f} by FLOPs"
                 " per token")
     small = params < REFERENCE_PARAMS
-    step = config.training.batch_size / train_step_s()
-    t = {c: _scaled(f, scale[c], step * sequence_tokens(config, int(c[1]), int(c[3]))[2] if small else None, how)
+    t = {c: _scaled(f, scale[c], config.training.batch_size / cell_step_s(config, c)
+                    * sequence_tokens(config, int(c[1]), int(c[3]))[2] if small else None, how)
          for c, f in train.items()}
     lora, base = _generation_anchors(config)
     g = {c: _scaled(f, scale[c], lora if small else None, how) for c, f in generate.items()}
@@ -117,9 +133,16 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
     if small and not vllm:
         out.notes.append("transformers generation at the 7B's figures: its decode is bound by Python per step")
     if small:
-        out.notes.append(f"a model smaller than the 7B: training at most one step per {train_step_s():.2f} s and"
-                         f" generation at most {lora.value:,.0f} tokens/s through an adapter, {base.value:,.0f}"
-                         f" without (SmolLM2-135M on an H100, {_engines_said(config)})")
+        if config.training.processes >= TRAINERS_MEASURED:
+            trained = (f"a cell's training step at most {cell_step_s(config, 'A0B0'):.3f} s of the job's wall (A0) and"
+                       f" {cell_step_s(config, 'A1B0'):.3f} s (A1), {config.training.processes} trainer processes"
+                       " (counted as 4; SmolLM2-135M on an H200)")
+        else:
+            trained = (f"training at most one step per {train_step_s():.2f} s"
+                       + (" (training.processes below 4 counted as one)" if config.training.processes > 1 else ""))
+        out.notes.append(f"a model smaller than the 7B: {trained}, and generation at most {lora.value:,.0f} tokens/s"
+                         f" through an adapter, {base.value:,.0f} without (SmolLM2-135M on an H100,"
+                         f" {_engines_said(config)})")
     anchor_params = model_params("smollm2-135m-instruct")
     if abs(math.log(params / anchor_params)) < abs(math.log(params / REFERENCE_PARAMS)):
         out.engine = "anchor/smollm2-h100/engine"
