@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -98,3 +98,16 @@ CELL_MODELS = ["tiny", pytest.param(SMOLLM2, marks=pytest.mark.slow, id="smollm2
 @pytest.fixture(scope="module", params=CELL_MODELS)
 def cell_model(request) -> str:
     return request.getfixturevalue("smollm2") if request.param == SMOLLM2 else request.param
+
+
+@contextmanager
+def engines_closed():
+    """Every engine the block started (eps_screen.run.engines' registry) closed after it, whatever happens in it."""
+    from eps_screen.run import engines
+
+    try:
+        yield
+    finally:
+        for gen in engines._GENERATORS.values():
+            gen.close()
+        engines._GENERATORS.clear()

@@ -17,7 +17,7 @@ from eps_screen.run import engines
 from eps_screen.run import pipeline
 from eps_screen.spec.design import Cell
 from eps_screen.store.result_store import ResultStore
-from tests.conftest import tiny_config
+from tests.conftest import engines_closed, tiny_config
 
 CELLS = [Cell("librarian", (a, 0, 0, 0, e), 42) for a in (0, 1) for e in (0, 1)]
 
@@ -57,7 +57,7 @@ def test_job_by_stage_equals_cell_by_cell(tmp_path, monkeypatch, backend):
     by_job = _config(tmp_path / "job", backend, "per_job")
     by_cell = _config(tmp_path / "cell", backend, "per_cell")
     job_store, cell_store = ResultStore.for_config(by_job), ResultStore.for_config(by_cell)
-    try:
+    with engines_closed():
         done = pipeline.run_job(by_job, CELLS, job_store)
         one_by_one = pipeline.run_job(by_cell, CELLS, cell_store)
         assert set(texts) == {c.id for c in CELLS} and all(len(t) == 2 for t in texts.values())
@@ -74,10 +74,6 @@ def test_job_by_stage_equals_cell_by_cell(tmp_path, monkeypatch, backend):
         assert [done[c.id]["source_rate"] for c in CELLS] == [one_by_one[c.id]["source_rate"] for c in CELLS]
         again = pipeline.run_job(by_job, CELLS, job_store)
         assert all(m["reused"] for m in again.values())
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
 
 
 class _Recorder:

@@ -11,12 +11,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from eps_screen.run import engines
 from eps_screen.run import pipeline
 from eps_screen.spec.config import load_config, parse_config
 from eps_screen.spec.design import Cell
 from eps_screen.store.result_store import ResultStore
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, engines_closed
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm")
@@ -39,12 +38,8 @@ def _config(store: Path):
 def test_a_smol_marker_job_runs_on_the_real_model(smollm2, tmp_path):
     config = _config(tmp_path / "store")
     assert config.backend.generation == "vllm" and config.execution.job_eval == "per_job"
-    try:
+    with engines_closed():
         done = pipeline.run_job(config, CELLS, ResultStore.for_config(config))
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
     assert set(done) == {c.id for c in CELLS}
     store = ResultStore.for_config(config)
     for cell in CELLS:

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from eps_screen.run import engines
 from eps_screen.run import pipeline
 from eps_screen.spec.config import load_config, parse_config
 from eps_screen.spec.design import Cell
 from eps_screen.store.result_store import ResultStore, cell_key
 from eps_screen.train.stages import trains_together
-from tests.conftest import CONFIGS, qwen7b_config
+from tests.conftest import CONFIGS, engines_closed, qwen7b_config
 from tests.test_training_together import ADAPTER_TOL, LOSS_RTOL, _adapter
 
 pytestmark = pytest.mark.slow
@@ -47,14 +46,10 @@ def _config(store: Path, together: bool, per_stage: int = 8):
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("job_together")
     out = {}
-    try:
+    with engines_closed():
         for together in (True, False):
             config = _config(root / str(together), together)
             out[together] = config, pipeline.run_job(config, CELLS, ResultStore.for_config(config))
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
     return out
 
 
@@ -131,7 +126,7 @@ def test_a_job_trains_and_stores_its_cells_stage_by_stage(jobs, tmp_path, monkey
         return real(base, cells, stage)
 
     monkeypatch.setattr(pipeline, "train_cells", second_stage_fails)
-    try:
+    with engines_closed():
         with pytest.raises(RuntimeError, match="vanished"):
             pipeline.run_job(config, CELLS, store)
         first = trained[0]
@@ -140,10 +135,6 @@ def test_a_job_trains_and_stores_its_cells_stage_by_stage(jobs, tmp_path, monkey
         assert stored == set(first), "the first stage's cells are stored before the second stage trains"
         monkeypatch.setattr(pipeline, "train_cells", real)
         done = pipeline.run_job(config, CELLS, store)
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
     assert {c for c, m in done.items() if m["reused"]} == set(first)
     _, alone = jobs[False]
     for cell in CELLS:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from eps_screen.run import engines, pipeline, trainers
+from eps_screen.run import pipeline, trainers
 from eps_screen.spec.config import parse_config
 from eps_screen.store.result_store import ResultStore, cell_key
+from tests.conftest import engines_closed
 from tests.test_job_together import CELLS, STEPS, _config, _distance, _report
 from tests.test_training_together import ADAPTER_TOL, LOSS_RTOL, _adapter
 
@@ -36,14 +37,10 @@ def _with_processes(store: Path, processes: int):
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("job_trainers")
     out = {}
-    try:
+    with engines_closed():
         for processes in (2, 1):
             config = _with_processes(root / str(processes), processes)
             out[processes] = config, pipeline.run_job(config, CELLS, ResultStore.for_config(config))
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
     return out
 
 
@@ -82,12 +79,8 @@ def test_the_steps_a_worker_trains_reach_the_cell_tracking(tmp_path, monkeypatch
         return real(config, cell, store, lambda step, figures: seen.setdefault(cell.id, []).append(step))
 
     monkeypatch.setattr(pipeline, "_cell_training", recording)
-    try:
+    with engines_closed():
         pipeline.run_job(config, CELLS[:2], ResultStore.for_config(config))
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
     assert {cell_id: steps for cell_id, steps in seen.items()} == {
         c.id: list(range(1, STEPS[i] + 1)) for i, c in enumerate(CELLS[:2])}
 
@@ -109,12 +102,8 @@ def test_a_worker_error_fails_the_job_and_keeps_the_stored_stages(tmp_path, monk
     doomed = [c.id for c in CELLS[2:]]
     monkeypatch.setenv("EPS_TEST_FAIL_CELLS", json.dumps(doomed))
     monkeypatch.setattr(trainers, "_train", _fails_in_second_stage)
-    try:
+    with engines_closed():
         with pytest.raises(RuntimeError, match=r"out of GPU memory.*training.processes lower"):
             pipeline.run_job(config, CELLS, store)
-    finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
     stored = {c.id for c in CELLS if store.cell_metrics(config, c) is not None}
     assert stored and not stored & set(doomed), "the stage before the failure is stored; the failed one is not"
