@@ -154,3 +154,8 @@ def test_trainer_processes_count_their_measured_stage_walls_and_hide_the_evaluat
     assert est4.hours["eval"] < est1.hours["eval"] / 2
     assert any("evaluation runs beside the next stage's training" in n for n in est4.notes)
     assert not any("beside the next stage" in n for n in est1.notes)
+    # the memory plan counts one trainer: it says so where several share the card
+    from eps_screen.plan.memory import memory_lines
+
+    assert any("training.processes: 4 trainers" in line for line in memory_lines(four))
+    assert not any("training.processes" in line for line in memory_lines(one))

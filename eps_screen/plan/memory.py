@@ -175,6 +175,12 @@ def memory_lines(config: ScreenConfig) -> list[str]:
         return []
     off = f", off-policy answers ~{plan.offpolicy_min_gib:.0f}" if plan.offpolicy_min_gib else ""
     fits = [g for g in config.execution.gpu_types if g in GPU_MEMORY_GIB and not plan.problems(g)]
-    return [(f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB allocated (~{plan.train_device_gib:.0f} on the "
-             f"device), evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
-             f" fits {', '.join(fits) or 'none of execution.gpu_types'}")]
+    lines = [(f"GPU memory: training ~{plan.train_peak_gib:.0f} GiB allocated (~{plan.train_device_gib:.0f} on the "
+              f"device), evaluation >= {plan.eval_min_gib:.0f} GiB{off};"
+              f" fits {', '.join(fits) or 'none of execution.gpu_types'}")]
+    if config.training.processes > 1:
+        # Not modelled: the plan counts one trainer with the engines asleep.
+        lines.append(f"  training.processes: {config.training.processes} trainers beside the awake engines are not in"
+                     " this plan; SmolLM2-135M's four beside four engines held up to 54 GB of an H200 at their peaks"
+                     " (BENCHMARKS.md)")
+    return lines
