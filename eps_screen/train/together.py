@@ -268,10 +268,9 @@ def forward_budget(recipes: list[Recipe]) -> int:
     return max(max((r.max_batch_tokens or 0 for r in recipes), default=0), max(map(piece_tokens, recipes)))
 
 
-def cells_per_pass(recipes: list[Recipe], budget: int | None = None) -> float:
-    """How many cells' micro-batches share one pass on average under `budget` (default forward_budget; 1: nothing
-    is shared)."""
-    budget = budget or forward_budget(recipes)
+def cells_per_pass(recipes: list[Recipe]) -> float:
+    """How many cells' micro-batches share one pass on average under forward_budget (1: nothing is shared)."""
+    budget = forward_budget(recipes)
     pieces = [piece_tokens(r) for r in recipes]
     return len(pieces) / len(_forwards([(i, [Tokenized([0] * n, [])]) for i, n in enumerate(pieces)], budget))
 
