@@ -836,7 +836,7 @@ class ScreenConfig(_Strict):
         if self.training.processes > 1 and self.backend.generation == "vllm" and self.eval.vllm_kv_cache_gib is None:
             raise ValueError(
                 "training.processes > 1 trains cells while the engines stay awake, so each engine's memory must be"
-                " fixed: set eval.vllm_kv_cache_gib (SmolLM2: 3 GiB holds 130,000 tokens), or set training.processes: 1")
+                " fixed: set eval.vllm_kv_cache_gib (SmolLM2: 3 GiB holds about 140,000 tokens), or set training.processes: 1")
         if self.backend.generation == "simulated" and self.backend.training != "simulated":
             raise ValueError("backend.generation 'simulated' needs backend.training 'simulated' too")
         problems = self._level_problems() + self._simulation_problems()
