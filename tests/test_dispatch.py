@@ -86,10 +86,10 @@ async def make_deployment():
         return await client.create_deployment(flow_id=flow_id, name="dispatch-unit", entrypoint="x.py:job")
 
 
-def screen_config(**execution) -> ScreenConfig:
+def screen_config(name: str = "unit", **execution) -> ScreenConfig:
     ex = {"pool": "runpod-gpu", "max_parallel_cells": 3, "crash_resubmits": 2, "resubmit_backoff_s": 0.2,
           "gpu_hourly_usd": 2.0, **execution}
-    return ScreenConfig(name="unit", store=STORE, execution=ex)
+    return ScreenConfig(name=name, store=STORE, execution=ex)
 
 
 async def _killed_then_failed(client, run_id, label: bool = True):
@@ -259,11 +259,21 @@ def test_spend_cap_counts_published_pod_costs(harness):
     # each finished run published a $1 pod cost; budget $2 x spend_factor 1.5 = $3 -> the 4th trips the cap
     with pytest.raises(CostOverrun) as err:
         dispatch(harness, lambda c, a: "complete", ids(*(f"c{i}" for i in range(6))), cost_usd=1.0, budget_usd=2.0,
-                 max_parallel_cells=1, gpu_hourly_usd=0.0)
+                 max_parallel_cells=1, gpu_hourly_usd=0.0, name="unit-cap")
     exc = err.value
     assert exc.outcome == "CostOverrun" and 3.0 < exc.spend_usd <= 4.0
     assert sorted(exc.summaries) == ids("c0", "c1", "c2", "c3")
     assert "Kill criterion 5" in str(exc)
+
+
+def test_spend_cap_counts_what_the_screens_earlier_dispatches_spent(harness):
+    # the budget is the whole screen's: a later phase (or a resumed run) starts from what the store says was spent
+    dispatch(harness, lambda c, a: "complete", ids("e0", "e1"), cost_usd=1.0, max_parallel_cells=1,
+             gpu_hourly_usd=0.0, name="unit-phases")
+    with pytest.raises(CostOverrun) as err:  # $2 spent before; $3 cap -> the second run of this dispatch trips it
+        dispatch(harness, lambda c, a: "complete", ids("f0", "f1", "f2"), cost_usd=1.0, budget_usd=2.0,
+                 max_parallel_cells=1, gpu_hourly_usd=0.0, name="unit-phases")
+    assert 3.0 < err.value.spend_usd <= 4.0 and sorted(err.value.summaries) == ids("f0", "f1")
 
 
 def test_each_priced_run_is_recorded_in_the_store_once_split_among_its_cells(harness):
@@ -281,14 +291,14 @@ def test_each_priced_run_is_recorded_in_the_store_once_split_among_its_cells(har
 
 def test_spend_cap_cancels_in_flight_runs(harness):
     # runs in flight are priced at gpu_hourly_usd ($1/s here): 4 hanging runs pass $3 within a second
-    before = {r["flow_run_id"] for r in ResultStore(STORE, "unit").run_costs()}
+    before = {r["flow_run_id"] for r in ResultStore(STORE, "unit-hang").run_costs()}
     with pytest.raises(CostOverrun) as err:
         dispatch(harness, lambda c, a: "hang", ids(*(f"c{i}" for i in range(6))), budget_usd=2.0,
-                 max_parallel_cells=4, gpu_hourly_usd=3600.0)
+                 max_parallel_cells=4, gpu_hourly_usd=3600.0, name="unit-hang")
     exc = err.value
     assert exc.spend_usd > 3.0 and exc.cancelled == ids("c0", "c1", "c2", "c3") and exc.summaries == {}
     # what the cancelled runs cost so far is recorded too, as estimates the next dispatch re-prices from their pods
-    stopped = [r for r in ResultStore(STORE, "unit").run_costs() if r["flow_run_id"] not in before]
+    stopped = [r for r in ResultStore(STORE, "unit-hang").run_costs() if r["flow_run_id"] not in before]
     assert sorted(c for r in stopped for c in r["cells"]) == exc.cancelled
     assert all(r["priced_from"] == "estimate" and r["usd"] > 0 for r in stopped)
 

@@ -1,7 +1,9 @@
 """The spend ledger of one dispatch, and kill criterion 5 (cost overrun): decided here once, recorded here once.
 
-Spend = the pod costs the RunPod worker published as artifacts for finished runs, plus (elapsed since the run
-left Scheduled) x `execution.gpu_hourly_usd` for runs still in flight or without a cost artifact yet. Every poll
+Spend = what the screen's earlier dispatches recorded in the store (its earlier phases, a run before a resume),
+plus the pod costs the RunPod worker published as artifacts for this dispatch's finished runs, plus (elapsed since
+the run left Scheduled) x `execution.gpu_hourly_usd` for runs still in flight or without a cost artifact yet. The
+budget is the whole screen's, so the spend it is held to is too. Every poll
 `Ledger.decide` judges it with `gates.cost_overrun`: a job running longer than `gates.max_job_hours`, or spend
 above `gates.spend_factor` x the plan's estimate. The worker may also decide criterion 5 on its pod's clock
 (`max_wall_hours`) and send its outcome as a run label; `Ledger.adopt` takes that decision as it came.
@@ -80,6 +82,7 @@ class Ledger:
     last_spend: float = 0.0  # the spend it was judged on
     ended: dict[UUID, dict] = field(default_factory=dict)  # run -> what its cost record needs (run_ended, completed)
     stored_costs: dict[str, str] | None = None  # flow run id -> priced_from of the store's records, read once
+    earlier: dict[str, float] = field(default_factory=dict)  # flow run id -> USD recorded before this dispatch
 
     @property
     def hourly_usd(self) -> float:
@@ -186,9 +189,19 @@ class Ledger:
             self.logger.warning("Could not record the cost of flow run %s in the store (%s: %s)",
                                 record["flow_run_id"], type(exc).__name__, str(exc)[:200])
 
+    async def read_earlier(self) -> None:
+        """The screen's runs that earlier dispatches priced, from the store: part of its spend from the start."""
+        try:
+            found = await anyio.to_thread.run_sync(self.store.run_costs)
+        except Exception:  # an unreadable cost record never stops the screen
+            found = []
+        self.earlier = {str(r["flow_run_id"]): float(r.get("usd") or 0.0) for r in found if r.get("flow_run_id")}
+
     def spend(self, in_flight_seconds: list[float]) -> float:
         running = sum(s * self.hourly_usd / 3600 for s in in_flight_seconds)
-        return sum(self.known.values()) + sum(v for v, _ in self.estimated.values()) + running
+        mine = {str(run) for run in (*self.known, *self.estimated)}  # a re-attached run is counted once, here
+        earlier = sum(usd for run, usd in self.earlier.items() if run not in mine)
+        return earlier + sum(self.known.values()) + sum(v for v, _ in self.estimated.values()) + running
 
     def decide(self, in_flight: list[tuple[str, float]]) -> tuple[kill.GateOutcome, str]:
         """Kill criterion 5 on the jobs in flight ((job name, seconds since it left Scheduled)); returns the
