@@ -487,7 +487,7 @@ def test_a_job_the_worker_killed_past_max_wall_hours_stops_dispatch_and_is_recor
     store = ResultStore(STORE, "unit")
     with pytest.raises(CostOverrun) as err:
         dispatch(harness, lambda c, a: "wall" if c == "c0" else "hang", ids("c0", "c1"))
-    assert "longest job 24.50 h (limit 24 h)" in str(err.value) and err.value.cancelled == ids("c1")
+    assert "longest job in flight 24.50 h (limit 24 h)" in str(err.value) and err.value.cancelled == ids("c1")
     assert [s for s in LAST[0].seen if s[0] == "c0"] == [("c0", 0, "wall")]  # not resubmitted
     recorded = {g.number: g for g in collect_gates({"gates": store.gates()})}
     assert recorded[5].fired and recorded[5].numbers["job_too_long"]

@@ -151,7 +151,7 @@ def cost_overrun(
     budget = spend_factor * estimate_usd
     too_costly = spend_usd > budget
     parts = [
-        f"longest job {longest_job_hours:.2f} h (limit {max_job_hours:g} h)",
+        f"longest job in flight {longest_job_hours:.2f} h (limit {max_job_hours:g} h)",
         f"spend ${spend_usd:.2f} (limit {spend_factor:g} x ${estimate_usd:.2f} = ${budget:.2f})",
     ]
     return _outcome(
