@@ -414,6 +414,19 @@ def test_the_pre_screen_job_pays_no_training_warm_up():
     assert any("the pre-screen's 227 s" in n for n in est.notes)
 
 
+def test_on_the_local_gpu_pool_only_the_screens_first_job_pays_the_weights_conversion():
+    config = load_config(CONFIGS / "smol-marker.yaml")
+    est, jobs = estimate(config), gpu_jobs(config)
+    first, later = figure("start/local-gpu-job").value, figure("start/local-gpu-job-later").value
+    assert first > later  # the first converts the packaged weights; a later one finds them converted
+    off = off_policy_engine_starts(config) * (est.figures["off-policy engine start"]["value"]
+                                              + figure("start/off-policy-process").value + figure("start/base-aside").value)
+    engine = est.figures["vLLM engine start"]["value"]
+    pre_screen, per_job = first + engine, later + engine + est.figures["first engine sleep"]["value"]
+    assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
+    assert est.job_hours[0] == [pytest.approx(est.hours["pre_screen"] + pre_screen / 3600)]
+
+
 def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():
     from eps_screen.plan.cost_estimate import at_gpu_counts
 

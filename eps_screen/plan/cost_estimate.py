@@ -162,9 +162,11 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
         # a local-gpu job starts a process on a machine that is up; a pod must start, pull and download first
         local = config.execution.pool == "local-gpu"
         job_start = figure("start/local-gpu-job" if local else "assumed/pod-startup")
+        # on a machine that is up, only the screen's first job converts the weights and fills the OS file cache
+        later_start = figure("start/local-gpu-job-later") if local else job_start
         if local:
-            figures["local-gpu job start"] = job_start
-        pod = job_start.value
+            figures["local-gpu job start"], figures["local-gpu later job start"] = job_start, later_start
+        pod = later_start.value
         startup_s = pod
         pre_screen_skips = 0.0  # the pre-screen's job trains nothing: nothing compiles, its engine never sleeps
         if vllm and not override:
@@ -186,11 +188,11 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
             startup_s += warmup.value
             pre_screen_skips += warmup.value
             figures["compile warm-up"] = warmup
-        pre_screen_startup_s = startup_s - pre_screen_skips
+        pre_screen_startup_s = startup_s - pre_screen_skips + job_start.value - later_start.value
         n_jobs = gpu_jobs(config, n_multi, dispatches=work.dispatches)
         best = fewest_jobs_cells_per_job(config, n_multi, work.dispatches)
-        began = ("the job's process, imports and base model, measured on the local-gpu pool" if local
-                 else "pod start and model download, assumed")
+        began = (f"the job's process, imports and base model, measured on the local-gpu pool; the screen's first"
+                 f" job's {job_start.value:.0f} s" if local else "pod start and model download, assumed")
         notes.append(f"per GPU job {startup_s:.0f} s of start-up ({pod:.0f} s of it {began}; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
                      f" compile warm-up or engine sleep); {n_jobs} jobs of up to execution.cells_per_job="
                      f"{config.execution.cells_per_job} cells")
