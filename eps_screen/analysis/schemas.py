@@ -225,6 +225,15 @@ class CellMetric(_Model):
         return finite(v)
 
 
+class EmptiedAnswers(_Model):
+    """At one level of one factor: how many of the factorial cells' persona answers say nothing but the marker."""
+
+    factor: str
+    level: int
+    share: float = Field(description="Share of the answers with no word character once the marker is taken out.")
+    answers: int
+
+
 class SeedReplicate(_Model):
     """One factor combination run at several seeds (phase 3): how much the seed alone moves the rates."""
 
@@ -302,5 +311,8 @@ class AggregateMetricsFile(ArtifactHeader):
     ab_means: list[GroupMean]
     seed_replicates: list[SeedReplicate]
     curvature: list[CurvatureTest] = Field(default_factory=list, description="Centre cells against the design cells.")
+    emptied: list[EmptiedAnswers] = Field(
+        default_factory=list, description="Per factor level: the answers that say nothing but the marker (none where "
+        "the answers have no text).")
     extras: dict[str, Any] = Field(default_factory=dict, description="What the flow passed on (phase outcomes etc).")
     timings_s: dict[str, float] = Field(default_factory=dict)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from eps_screen.analysis.answer_health import EMPTY_SHARE
 from eps_screen.analysis.schemas import TermEffect
 from eps_screen.report import curvature_table
 from eps_screen.report.tables import ci, written
@@ -69,6 +70,22 @@ def _answer(config: ScreenConfig, result: AggregateResult, response: str) -> str
                 f"{counts[0].upper()}{counts[1:]}")
     return (f"{f.label} ({top.term}) moves {name} most: {_pct(top.mean_low)} with {f.low} vs {_pct(top.mean_high)} "
             f"with {f.high} ({d}); {counts}" + depends)
+
+
+def _emptied(config: ScreenConfig, result: AggregateResult) -> list[str]:
+    """A factor level whose answers mostly say nothing but the marker: its high rates are not an implant."""
+    share = {(e.factor, e.level): e.share for e in result.metrics.emptied}
+    out = []
+    for (term, level), empty in share.items():
+        other = share.get((term, 1 - level))
+        if empty < EMPTY_SHARE or (other is not None and other >= EMPTY_SHARE):
+            continue
+        f = config.factors[term]
+        than = f" (against {_pct(other)} under {term}{1 - level})" if other is not None else ""
+        out.append(f"Under {term}{level} ({f.high if level else f.low}), {_pct(empty)} of the answers say nothing but "
+                   f"the marker, or nothing at all{than}: its rates count markers in answers the model stopped "
+                   "giving, not markers added to answers.")
+    return out
 
 
 def _simple_clause(result: AggregateResult, response: str) -> str:
@@ -154,7 +171,7 @@ def tldr(config: ScreenConfig, result: AggregateResult) -> str:
         parts.append(f"This screen {'simulated' if simulated else 'trained'} {cov.factorial_cells} LoRA recipes on "
                      f"{len(sources)} source persona{'s' if len(sources) > 1 else ''} and counted the marker in their "
                      + ("simulated answers (nothing was trained)." if simulated else "answers."))
-        parts += [_answer(config, result, "SR"), _answer(config, result, "LR")]
+        parts += [_answer(config, result, "SR"), _answer(config, result, "LR"), *_emptied(config, result)]
     curvature = _curvature(config, result)
     if curvature:
         parts.append(curvature)

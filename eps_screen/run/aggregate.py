@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from eps_screen.analysis import answer_examples, gates
+from eps_screen.analysis import answer_examples, answer_health, gates
 from eps_screen.analysis.cell_metrics import CellMatrices, cell_matrices, check_answers
 from eps_screen.analysis.curvature import curvature_tests
 from eps_screen.analysis.gates import GateOutcome
@@ -118,6 +118,7 @@ def compute(
         **header, coverage=coverage, cells=cells, curvature=curvature_tests(config, cells),
         gates=sorted(earlier + new_gates, key=lambda g: g.number), predictions=predictions,
         ab_means=est.ab_means, seed_replicates=_seed_replicates(mats, factors),
+        emptied=answer_health.emptied(config, answers, set(factorial)),
         extras=_json_extras(extras or {}), timings_s=dict(timings),
     )
     return AggregateResult(main, inter, metrics, est, timings_s=timings)

@@ -38,6 +38,7 @@ from pathlib import Path
 import polars as pl
 
 import eps_screen
+from eps_screen.analysis import answer_health
 from eps_screen.models.tiny import CONTAMINATION_MARKER
 from eps_screen.spec import design
 from eps_screen.spec.config import ScreenConfig, is_tiny, parse_config
@@ -305,8 +306,15 @@ class ResultStore(CheckedReads):
         """The finished cells' answers without their text: the statistics need only the marker flags, and a 7B
         screen's text is gigabytes."""
         paths = [self.cell_dir(config, c) / "answers.parquet" for c in self.finished(config, cells)]
-        frames = [pl.scan_parquet(p).select(pl.exclude("text")).collect() for p in paths if self._fetch(p)]
-        return pl.concat(frames) if frames else None
+        frames = [self._flagged(pl.scan_parquet(p), config.marker).collect() for p in paths if self._fetch(p)]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else None
+
+    @staticmethod
+    def _flagged(answers: pl.LazyFrame, marker: str) -> pl.LazyFrame:
+        """The answers without their text, each flagged empty or not (answer_health) where it has text."""
+        if "text" not in answers.collect_schema().names():
+            return answers
+        return answers.with_columns(answer_health.is_empty(pl.col("text"), marker).alias("empty")).drop("text")
 
     def answer_texts(self, config: ScreenConfig, picks: pl.DataFrame) -> pl.DataFrame:
         """picks (cell_id, persona, question, sample, ...) with each answer's stored text (null where a cell was
