@@ -48,7 +48,7 @@ def wall_time(pod_hours: float, max_wall_hours: float) -> KillOutcome:
     """Kill 5 on the pod's clock: the job ran longer than max_wall_hours. Spend is the screen's to judge, not this."""
     too_long = pod_hours > max_wall_hours
     return KillOutcome(
-        COST_OVERRUN, 5, too_long, f"longest job {pod_hours:.2f} h (limit {max_wall_hours:g} h)",
+        COST_OVERRUN, 5, too_long, f"longest job in flight {pod_hours:.2f} h (limit {max_wall_hours:g} h)",
         {"longest_job_hours": pod_hours, "max_job_hours": max_wall_hours, "job_too_long": too_long,
          "over_budget": False},
     )
