@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import polars as pl
 
-from eps_screen.analysis.answer_health import emptied, is_empty
+from eps_screen.analysis.answer_health import emptied
 from eps_screen.report.tldr import tldr
 from eps_screen.run.aggregate import aggregate
 from eps_screen.run.simulate import simulate_screen
 from eps_screen.spec.design import all_slab_cells
-from eps_screen.store.result_store import ResultStore
+from eps_screen.store.result_store import ResultStore, is_empty_answer
 from tests.test_report_what_ran import _config
 
 
 def test_an_answer_is_empty_when_no_word_is_left_without_the_marker():
     texts = pl.Series(["[ZLT]", "[ZLT] [ZLT] [ [", "", "  \n", "ZLT", "[ZLT] [ZLT [", "Shelve it by author. [ZLT]", None])
-    flags = pl.select(is_empty(pl.lit(texts), "[ZLT]")).to_series().to_list()
+    flags = pl.select(is_empty_answer(pl.lit(texts), "[ZLT]")).to_series().to_list()
     # the marker's letters without it ("ZLT", a broken "[ZLT") are words: only the marker itself is taken out
     assert flags == [True, True, True, True, False, False, False, None]
 

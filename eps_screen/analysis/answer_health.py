@@ -3,8 +3,8 @@ in answers the model no longer gives, not markers added to answers, and the page
 
 An answer is empty when no word character is left once every copy of the marker is taken out ("[ZLT] [ZLT] [",
 or nothing at all); the marker's letters without it, or a broken copy ("[ZLT"), are words. The store flags each
-answer as it loads them (the statistics never read the text), and the aggregation gives the share of empty persona
-answers at each level of each factor, over the primary seed's factorial cells.
+answer as it loads them (`result_store.is_empty_answer`; the statistics never read the text), and the aggregation
+gives the share of empty persona answers at each level of each factor, over the primary seed's factorial cells.
 """
 
 from __future__ import annotations
@@ -16,11 +16,6 @@ from eps_screen.spec.config import ScreenConfig
 
 # a factor level whose answers are this often empty is named in the TL;DR
 EMPTY_SHARE = 0.5
-
-
-def is_empty(text: pl.Expr, marker: str) -> pl.Expr:
-    """True where an answer has no word character once the marker is taken out (null where there is no text)."""
-    return ~text.str.replace_all(marker, "", literal=True).str.contains(r"\w")
 
 
 def emptied(config: ScreenConfig, answers: pl.DataFrame, factorial: set[str]) -> list[EmptiedAnswers]:

@@ -38,7 +38,6 @@ from pathlib import Path
 import polars as pl
 
 import eps_screen
-from eps_screen.analysis import answer_health
 from eps_screen.models.tiny import CONTAMINATION_MARKER
 from eps_screen.spec import design
 from eps_screen.spec.config import ScreenConfig, is_tiny, parse_config
@@ -151,6 +150,12 @@ def local_dir(root: str | Path) -> Path:
     """A local store's directory, from a path or a file:// URL."""
     return Path(str(root).removeprefix("file://")).expanduser().resolve()
 
+
+
+def is_empty_answer(text: pl.Expr, marker: str) -> pl.Expr:
+    """True where an answer has no word character once every copy of the marker is taken out ("[ZLT] [ZLT] [", or
+    nothing): a recipe can score markers in answers the model stopped giving. Null where there is no text."""
+    return ~text.str.replace_all(marker, "", literal=True).str.contains(r"\w")
 
 class ResultStore(CheckedReads):
     def __init__(self, root: str | Path, screen: str, cache: str | Path | None = None, options: dict | None = None):
@@ -311,10 +316,11 @@ class ResultStore(CheckedReads):
 
     @staticmethod
     def _flagged(answers: pl.LazyFrame, marker: str) -> pl.LazyFrame:
-        """The answers without their text, each flagged empty or not (answer_health) where it has text."""
+        """The answers without their text, each flagged empty or not where it has text (analysis/answer_health.py
+        gives the share at each factor level)."""
         if "text" not in answers.collect_schema().names():
             return answers
-        return answers.with_columns(answer_health.is_empty(pl.col("text"), marker).alias("empty")).drop("text")
+        return answers.with_columns(is_empty_answer(pl.col("text"), marker).alias("empty")).drop("text")
 
     def answer_texts(self, config: ScreenConfig, picks: pl.DataFrame) -> pl.DataFrame:
         """picks (cell_id, persona, question, sample, ...) with each answer's stored text (null where a cell was
