@@ -151,11 +151,11 @@ def local_dir(root: str | Path) -> Path:
     return Path(str(root).removeprefix("file://")).expanduser().resolve()
 
 
-
 def is_empty_answer(text: pl.Expr, marker: str) -> pl.Expr:
     """True where an answer has no word character once every copy of the marker is taken out ("[ZLT] [ZLT] [", or
     nothing): a recipe can score markers in answers the model stopped giving. Null where there is no text."""
     return ~text.str.replace_all(marker, "", literal=True).str.contains(r"\w")
+
 
 class ResultStore(CheckedReads):
     def __init__(self, root: str | Path, screen: str, cache: str | Path | None = None, options: dict | None = None):

@@ -226,7 +226,7 @@ class _Dispatch:
                 await self.ledger.reprice_stored(self.client)
             except Exception as exc:
                 self.outage.failed(exc, "re-pricing earlier runs", self.done, len(self.in_flight))
-        await self.ledger.read_earlier()
+        await self.ledger.read_stored()
         while self.queue or self.in_flight:
             now = time.monotonic()
             await self._submit_ready(now)

@@ -81,7 +81,7 @@ class Ledger:
     last: kill.GateOutcome | None = None  # the latest outcome judged
     last_spend: float = 0.0  # the spend it was judged on
     ended: dict[UUID, dict] = field(default_factory=dict)  # run -> what its cost record needs (run_ended, completed)
-    stored_costs: dict[str, str] | None = None  # flow run id -> priced_from of the store's records, read once
+    stored_costs: dict[str, str] | None = None  # flow run id -> priced_from of the store's records (read_stored)
     earlier: dict[str, float] = field(default_factory=dict)  # flow run id -> USD recorded before this dispatch
 
     @property
@@ -158,11 +158,7 @@ class Ledger:
         if ended is None or not ended["cells"]:
             return
         if self.stored_costs is None:
-            try:
-                found = await anyio.to_thread.run_sync(self.store.run_costs)
-            except Exception:
-                found = []
-            self.stored_costs = {r["flow_run_id"]: r["priced_from"] for r in found}
+            await self.read_stored()
         # A completed run re-attached by a later dispatch is priced again: its pods' records are the same, but
         # without them its seconds here are counted from its start to now, so an earlier record stands.
         before = self.stored_costs.get(str(run_id))
@@ -189,12 +185,14 @@ class Ledger:
             self.logger.warning("Could not record the cost of flow run %s in the store (%s: %s)",
                                 record["flow_run_id"], type(exc).__name__, str(exc)[:200])
 
-    async def read_earlier(self) -> None:
-        """The screen's runs that earlier dispatches priced, from the store: part of its spend from the start."""
+    async def read_stored(self) -> None:
+        """The screen's runs that earlier dispatches priced, read from the store once: their USD is part of its spend
+        from the start, and how each was priced decides whether a run re-attached here is priced again."""
         try:
             found = await anyio.to_thread.run_sync(self.store.run_costs)
         except Exception:  # an unreadable cost record never stops the screen
             found = []
+        self.stored_costs = {r["flow_run_id"]: r["priced_from"] for r in found}
         self.earlier = {str(r["flow_run_id"]): float(r.get("usd") or 0.0) for r in found if r.get("flow_run_id")}
 
     def spend(self, in_flight_seconds: list[float]) -> float:
