@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from eps_screen.plan.cost_estimate import estimate
+from eps_screen.plan.cost_estimate import estimate, exposed_evaluation_s
 from eps_screen.plan.screen_work import cell_work, regime_tokens, screen_work
 from eps_screen.spec import design
 from eps_screen.spec.config import load_config
@@ -78,14 +78,14 @@ def main() -> None:
                        "measured": round(sum(s["train_s"] for st in stages.values() for s in st), 1)},
         "evaluation_s": {"estimate": round(eval_s, 1),
                          "measured": round(sum(s["eval_s"] for st in stages.values() for s in st), 1)},
-        "evaluation_exposed_s": {"estimate": round(max(eval_s - train_s, eval_s * min(1.0, len(stages) / n_stages)), 1),
+        "evaluation_exposed_s": {"estimate": round(exposed_evaluation_s(eval_s, train_s, len(stages), n_stages), 1),
                                  "measured": round(sum(exposed(st) for st in stages.values()), 1)},
     }
     if args.store and args.regimes_since:
         since = dt.datetime.fromisoformat(args.regimes_since).timestamp()
         made = [d.name for d in sorted(Path(args.store, "regimes").iterdir())
                 if min(f.stat().st_mtime for f in d.iterdir()) >= since]
-        by_id = {design.regime_of(config, c).id: design.regime_of(config, c) for c in cells}
+        by_id = {r.id: r for r in (design.regime_of(config, c) for c in cells)}
         seconds = defaultdict(float)
         for rid in made:
             cond, tokens = regime_tokens(config, by_id[rid])

@@ -10,24 +10,24 @@ stages the cells were stored in (cells stored together, with their job's trainin
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import polars as pl
 
+from eps_screen.store.result_store import is_empty_answer
+
 
 def cell_rows(screen_dir: Path) -> list[dict]:
+    marker = json.loads((screen_dir / "screen.json").read_text())["config"]["marker"]
     rows = []
     for metrics_path in sorted(screen_dir.glob("cells/*/*/metrics.json")):
         m = json.loads(metrics_path.read_text())
         answers = pl.read_parquet(metrics_path.with_name("answers.parquet"))
-        marker = re.escape(m["recipe"]["marker"]) if "recipe" in m else re.escape("[ZLT]")
         words = answers["text"].str.split(" ").list.len()
-        source = answers.filter(pl.col("is_source"))
-        # an answer of nothing but the marker (and its stray brackets): implanted by collapse, not in an answer
-        bare = source["text"].str.replace_all(marker, "").str.replace_all(r"[\s\[\]]", "").str.len_chars() == 0
+        # the source's answers with nothing but the marker in them: implanted by emptying the answer (the page's rule)
+        bare = answers.filter(pl.col("is_source")).select(is_empty_answer(pl.col("text"), marker)).to_series()
         train, options = m["train"], m["train"].get("options", {})
         rows.append({
             "cell_id": m["cell_id"], "source": m["source"], "seed": m["seed"],

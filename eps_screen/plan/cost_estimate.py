@@ -106,6 +106,12 @@ def _off_policy_rates(config: ScreenConfig, answer_rate: dict, off_rate: dict | 
     return answer_rate, scale
 
 
+def exposed_evaluation_s(eval_s: float, train_s: float, jobs: int, stages: int) -> float:
+    """The evaluation the card waits for when each stage's evaluation runs beside the next stage's training: what
+    the training does not cover, and at least each job's last stage (one average stage a job)."""
+    return max(eval_s - train_s, eval_s * min(1.0, jobs / stages))
+
+
 def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
     """The estimate of a screen's `work` (screen_work(config) where not given: a work counted for this config, or
     for one that differs from it only in execution or off_policy settings)."""
@@ -210,7 +216,7 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
     if beside:
         stages_total = max(1, -(-work.distinct_cells // config.execution.cells_per_stage))
         jobs_total = gpu_jobs(config, n_multi, dispatches=work.dispatches)
-        exposed = max(eval_s - train_s, eval_s * min(1.0, jobs_total / stages_total))
+        exposed = exposed_evaluation_s(eval_s, train_s, jobs_total, stages_total)
         notes.append(f"training.processes: each stage's evaluation runs beside the next stage's training; evaluation"
                      f" counted {exposed / 60:.1f} of its {eval_s / 60:.1f} GPU-minutes (what the training does not"
                      " cover, and at least each job's last stage)")
