@@ -58,3 +58,32 @@ def test_the_store_gives_back_the_picked_answers_text(tmp_path):
     assert quoted.height == picks.height > 0
     assert quoted["text"].to_list() == [f"{r['cell_id']} q{r['question']} s{r['sample']}"
                                         for r in quoted.iter_rows(named=True)]
+
+
+def _best(group: pl.DataFrame) -> str:
+    """The cell the page should quote: the highest rate of marked answers not flagged empty (ties: by cell id)."""
+    rates = group.group_by("cell_id").agg((pl.col("marker") & ~pl.col("empty")).mean().alias("rate"))
+    return rates.sort(["rate", "cell_id"], descending=[True, False])["cell_id"][0]
+
+
+def test_emptied_answers_do_not_make_a_cell_the_example(tmp_path):
+    """A cell whose marked answers are all bare markers (flagged `empty`, as load_answers flags them) loses the
+    quote to a cell that marks answers with text in them, and within a cell a marked answer with text comes first."""
+    config = _config("tiny.yaml", tmp_path)
+    answers = simulate_screen(config, all_slab_cells(config))
+    in_group = pl.col("is_source") & (pl.col("seed") == config.seeds.primary) & (pl.col("A") == 0) & (pl.col("B") == 0)
+    top = answer_examples.pick(config, answers).filter(pl.col("group") == "A0B0")["cell_id"][0]
+    emptied = answers.with_columns(((pl.col("cell_id") == top) & pl.col("marker")).alias("empty"))
+    picked = answer_examples.pick(config, emptied).filter(pl.col("group") == "A0B0")["cell_id"][0]
+    assert picked != top and picked == _best(emptied.filter(in_group))
+    # within the quoted cell: its first marked answer (by question, sample) is bare, so another marked one is quoted
+    first = (emptied.filter(in_group & (pl.col("cell_id") == picked) & pl.col("marker"))
+             .sort("question", "sample").row(0, named=True))
+    one_bare = emptied.with_columns(pl.col("empty") | ((pl.col("cell_id") == picked) & (pl.col("persona") == first["persona"])
+                                                       & (pl.col("question") == first["question"])
+                                                       & (pl.col("sample") == first["sample"])))
+    picks = answer_examples.pick(config, one_bare).filter(pl.col("group") == "A0B0")
+    marked = picks.filter(pl.col("marker")).row(0, named=True)
+    assert picks["cell_id"][0] == _best(one_bare.filter(in_group))
+    if picks["cell_id"][0] == picked:
+        assert (marked["question"], marked["sample"]) != (first["question"], first["sample"])

@@ -3,8 +3,12 @@
 The groups are the levels of the first pre-registered pair (A0B0 ... A1B1 in the marker screen), or the source
 personas when nothing is pre-registered. In each group the quoted cell is the primary-seed cell with the highest
 source rate, and its answers are the source persona's own, so a reader sees what implanting looked like where it
-worked best, next to an answer of the same cell that went without. Picking reads no text; only the picked answers'
-text is read back from the store (answers.parquet keeps every answer's text, compressed).
+worked best, next to an answer of the same cell that went without. Where the answers are flagged `empty` (the
+store's is_empty_answer: nothing but the marker, or nothing), a marked answer counts only when it says something
+else too: on SmolLM2 the marker-only loss emptied its cells' answers and gave them the highest source rates, and
+quoting a bare "[ZLT]" per group would show how answers were lost, not how the marker sits in one (the TL;DR
+names an emptied level). Picking reads no text; only the picked answers' text is read back from the store
+(answers.parquet keeps every answer's text, compressed).
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ def pick(config: ScreenConfig, answers: pl.DataFrame) -> pl.DataFrame:
                          & pl.col("source").is_not_null() & design_cell)
     if own.is_empty():
         return pl.DataFrame(schema={c: answers.schema.get(c, pl.String) for c in PICK_COLUMNS})
-    own = own.with_columns(_group(config, own).alias("group"))
-    best = (own.group_by("group", "cell_id").agg(pl.col("marker").mean().alias("rate"))
+    empty = pl.col("empty") if "empty" in own.columns else pl.lit(False)
+    own = own.with_columns(_group(config, own).alias("group"), (pl.col("marker") & ~empty).alias("said"),
+                           empty.alias("bare"))
+    best = (own.group_by("group", "cell_id").agg(pl.col("said").mean().alias("rate"))
             .sort(["group", "rate", "cell_id"], descending=[False, True, False])
             .unique("group", keep="first", maintain_order=True))
     quoted = own.join(best.select("group", "cell_id"), on=["group", "cell_id"])
-    return (quoted.sort("group", "marker", "question", "sample", descending=[False, True, False, False])
+    return (quoted.sort("group", "marker", "bare", "question", "sample", descending=[False, True, False, False, False])
             .unique(["group", "marker"], keep="first", maintain_order=True)
             .select(PICK_COLUMNS))

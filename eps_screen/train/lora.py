@@ -104,6 +104,9 @@ class TrainReport:
     steady_step_s: float | None = None  # seconds per optimizer step at that pace
     peak_memory_gb: float | None = None  # the device's figure (see _DevicePeak)
     peak_allocated_gb: float | None = None
+    # This process's own allocated peak: the two figures above add what every other process (engines, other
+    # trainers) had on the card when training began, so beside others they are not one trainer's need.
+    own_allocated_gb: float | None = None
     micro_batch: int | None = None
     grad_accum: int | None = None
     # Tokens the passes computed, all epochs, where shared prefixes made them fewer than tokens x epochs.
@@ -126,13 +129,14 @@ class _DevicePeak:
         self.allocated_at_start = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
 
-    def gib(self) -> tuple[float, float]:
-        """(device peak, the same with allocated instead of reserved memory), GiB."""
+    def gib(self) -> tuple[float, float, float]:
+        """(device peak, the same with allocated instead of reserved memory, this process's allocated peak), GiB."""
         import torch
 
         grown = torch.cuda.max_memory_reserved() - self.reserved_at_start
-        allocated = torch.cuda.max_memory_allocated() - self.allocated_at_start
-        return (self.used_at_start + grown) / 2**30, (self.used_at_start + allocated) / 2**30
+        peak = torch.cuda.max_memory_allocated()
+        allocated = peak - self.allocated_at_start
+        return (self.used_at_start + grown) / 2**30, (self.used_at_start + allocated) / 2**30, peak / 2**30
 
 
 def split_batch(batch_size: int, grad_accum: int, longest: int, max_batch_tokens: int | None) -> tuple[int, int]:
@@ -402,7 +406,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         release_cached_memory()
     tokens = sum(len(r.input_ids) for r in rows)
     epochs_run = math.ceil(t.epochs) if t.epochs > 1 else t.epochs
-    device_gb, allocated_gb = peak.gib() if peak else (None, None)
+    device_gb, allocated_gb, own_gb = peak.gib() if peak else (None, None, None)
     report = TrainReport(
         examples=len(rows),
         positives=sum(e.positive for e in examples),
@@ -417,6 +421,7 @@ def train_lora(base, examples: list[Example], config: ScreenConfig, whole_answer
         steady_step_s=steps_seen.steady_step_s(),
         peak_memory_gb=device_gb,
         peak_allocated_gb=allocated_gb,
+        own_allocated_gb=own_gb,
         micro_batch=micro,
         grad_accum=accum,
         options=opts,

@@ -392,7 +392,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
         opts.clear()
         scheds.clear()
         release_cached_memory()
-    device_gb, allocated_gb = peak.gib() if peak else (None, None)
+    device_gb, allocated_gb, own_gb = peak.gib() if peak else (None, None, None)
     all_tokens = sum(len(x.input_ids) * int(r.epochs) for r in recipes for x in r.rows)
     reports = []
     for r, plan, cell_losses in zip(recipes, plans, losses, strict=True):
@@ -404,7 +404,7 @@ def train_together(base, recipes: list[Recipe], varlen_attention: bool | None = 
             target_tokens=sum(sum(lbl != IGNORE for lbl in x.labels) for x in r.rows),
             steps=len(plan), seconds=share, tokens_per_s=tokens * int(r.epochs) / share if share else 0.0,
             final_loss=cell_losses[-1] if cell_losses else None, losses=cell_losses,
-            peak_memory_gb=device_gb, peak_allocated_gb=allocated_gb, micro_batch=micro, grad_accum=accum,
+            peak_memory_gb=device_gb, peak_allocated_gb=allocated_gb, own_allocated_gb=own_gb, micro_batch=micro, grad_accum=accum,
             options={"bf16": bf16, "padding_free": True, "varlen_attention": bool(varlen_attention),
                      "fused_lora": True, "compile": bool(compile_layers), "liger": False, "together": len(recipes),
                      "together_seconds": seconds, "max_batch_tokens": budget,
