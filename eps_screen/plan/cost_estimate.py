@@ -202,8 +202,8 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
         notes.append(f"per GPU job {startup_s:.0f} s of start-up ({pod:.0f} s of it {began}; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
                      f" compile warm-up or engine sleep); {n_jobs} jobs of up to execution.cells_per_job="
                      f"{config.execution.cells_per_job} cells")
-        if best > config.execution.cells_per_job:
-            fewer = gpu_jobs(config, n_multi, best, work.dispatches)
+        fewer = gpu_jobs(config, n_multi, best, work.dispatches)
+        if fewer < n_jobs:
             notes.append(f"execution.cells_per_job: {best} gives the fewest jobs for {config.execution.max_parallel_cells}"
                          f" GPUs ({fewer} instead of {n_jobs}: {(n_jobs - fewer) * startup_s / 3600:.1f} GPU-hours"
                          " less start-up)")

@@ -642,7 +642,7 @@ class BackendConfig(_Strict):
 
 
 # The most cells one GPU job may hold: a crashed job is resubmitted whole.
-MAX_CELLS_PER_JOB = 64
+MAX_CELLS_PER_JOB = 128  # a 2^5 slab of four sources: one GPU runs a marker screen's slab as one job
 
 
 class ExecutionConfig(_Strict):
