@@ -182,6 +182,6 @@ def memory_lines(config: ScreenConfig) -> list[str]:
         # Not modelled: the plan counts one trainer with the engines asleep.
         lines.append(f"  training.processes: {config.training.processes} trainers beside the awake engines are not in"
                      " this plan; SmolLM2-135M's four beside four engines filled up to 135 GiB of an H200 in its long"
-                     " cells' stages, each trainer allocating up to 47 GiB at training.max_batch_tokens 28000"
+                     " cells' stages at training.max_batch_tokens 28000"
                      " (BENCHMARKS.md): on a smaller card, fewer trainers or a smaller training.max_batch_tokens")
     return lines
