@@ -38,7 +38,9 @@ def cell_rows(screen_dir: Path) -> list[dict]:
             "answer_words_mean": round(float(words.mean()), 1),
             "train_s": round(train["seconds"], 1), "steps": train["steps"], "train_tokens": train["tokens"],
             "final_loss": round(train["final_loss"], 4),
+            # the card's use when the trainer began plus its growth (every process's); own_allocated_gb: the trainer's
             "peak_allocated_gb": round(train.get("peak_allocated_gb") or 0.0, 1),
+            "own_allocated_gb": train.get("own_allocated_gb") and round(train["own_allocated_gb"], 1),
             "trained": f"together with {options['together'] - 1}" if options.get("together") else "alone",
             "job_train_s": round(m["timings"].get("job_train_s") or 0.0, 1),
             "job_eval_s": round(m["timings"].get("job_eval_s") or 0.0, 1),
