@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_common import environment, out_dir, record_failure, write  # noqa: E402
+from gpu_train_bench import words  # noqa: E402
 
 ANSWER_WORDS = {0: 25, 1: 110}  # B0 one sentence, B1 one paragraph: SmolLM2's answers at temperature 1 (H100)
 DEFAULT_VARIANTS = ("A1-shipped:1:4:1:28000,A1-pairs:1:4:2:46000,A0-shipped:0:4:8:28000,A0-pairs:0:4:2:28000,"
@@ -48,12 +49,11 @@ def stage_cells(config, level_a: int) -> list:
 
 def trainings(config, cells, work: Path, examples: int | None, epochs: int, budget: int) -> list:
     """Each cell's CellTraining as pipeline._cell_training builds it, on answers of panel words."""
-    from eps_screen.panels import load_panels
     from eps_screen.spec.design import recipe, regime_of
     from eps_screen.train import data
     from eps_screen.train.stages import CellTraining
 
-    bank = " ".join([load_panels().long_system_prompt, *load_panels().random_controls]).split()
+    bank = words()
     out = []
     for cell in cells:
         regime = regime_of(config, cell)
@@ -63,9 +63,9 @@ def trainings(config, cells, work: Path, examples: int | None, epochs: int, budg
         for req in data.regime_requests(config, regime):
             for s in range(req.samples):
                 start = rng.randrange(len(bank))
-                words = [bank[(start + k) % len(bank)] for k in range(int(n_words * rng.uniform(0.7, 1.3)))]
+                picked = [bank[(start + k) % len(bank)] for k in range(int(n_words * rng.uniform(0.7, 1.3)))]
                 rows.append({"persona": req.persona, "question": req.question, "sample": s,
-                             "answer": " ".join(words), "positive": req.positive})
+                             "answer": " ".join(picked), "positive": req.positive})
         if examples:
             rows = rows[::max(1, len(rows) // examples)][:examples]
         resolved = recipe(config, cell).config

@@ -76,14 +76,16 @@ def test_emptied_answers_do_not_make_a_cell_the_example(tmp_path):
     emptied = answers.with_columns(((pl.col("cell_id") == top) & pl.col("marker")).alias("empty"))
     picked = answer_examples.pick(config, emptied).filter(pl.col("group") == "A0B0")["cell_id"][0]
     assert picked != top and picked == _best(emptied.filter(in_group))
-    # within the quoted cell: its first marked answer (by question, sample) is bare, so another marked one is quoted
-    first = (emptied.filter(in_group & (pl.col("cell_id") == picked) & pl.col("marker"))
-             .sort("question", "sample").row(0, named=True))
-    one_bare = emptied.with_columns(pl.col("empty") | ((pl.col("cell_id") == picked) & (pl.col("persona") == first["persona"])
-                                                       & (pl.col("question") == first["question"])
-                                                       & (pl.col("sample") == first["sample"])))
+    # within the quoted cell: its first marked answer (by question, sample) is bare, and every other cell's marked
+    # answers are, so the cell stays the quoted one and another of its marked answers is quoted
+    mine = emptied.filter(in_group & (pl.col("cell_id") == picked) & pl.col("marker")).sort("question", "sample")
+    assert mine.height >= 2
+    first = mine.row(0, named=True)
+    one_bare = answers.with_columns(
+        (pl.col("marker") & ((pl.col("cell_id") != picked) | ((pl.col("persona") == first["persona"])
+                                                             & (pl.col("question") == first["question"])
+                                                             & (pl.col("sample") == first["sample"])))).alias("empty"))
     picks = answer_examples.pick(config, one_bare).filter(pl.col("group") == "A0B0")
     marked = picks.filter(pl.col("marker")).row(0, named=True)
-    assert picks["cell_id"][0] == _best(one_bare.filter(in_group))
-    if picks["cell_id"][0] == picked:
-        assert (marked["question"], marked["sample"]) != (first["question"], first["sample"])
+    assert picks["cell_id"][0] == picked
+    assert (marked["question"], marked["sample"]) != (first["question"], first["sample"])

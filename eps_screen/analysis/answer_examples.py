@@ -37,13 +37,13 @@ def pick(config: ScreenConfig, answers: pl.DataFrame) -> pl.DataFrame:
                          & pl.col("source").is_not_null() & design_cell)
     if own.is_empty():
         return pl.DataFrame(schema={c: answers.schema.get(c, pl.String) for c in PICK_COLUMNS})
-    empty = pl.col("empty") if "empty" in own.columns else pl.lit(False)
-    own = own.with_columns(_group(config, own).alias("group"), (pl.col("marker") & ~empty).alias("said"),
-                           empty.alias("bare"))
+    if "empty" not in own.columns:  # answers without text (simulated): none is empty
+        own = own.with_columns(pl.lit(False).alias("empty"))
+    own = own.with_columns(_group(config, own).alias("group"), (pl.col("marker") & ~pl.col("empty")).alias("said"))
     best = (own.group_by("group", "cell_id").agg(pl.col("said").mean().alias("rate"))
             .sort(["group", "rate", "cell_id"], descending=[False, True, False])
             .unique("group", keep="first", maintain_order=True))
     quoted = own.join(best.select("group", "cell_id"), on=["group", "cell_id"])
-    return (quoted.sort("group", "marker", "bare", "question", "sample", descending=[False, True, False, False, False])
+    return (quoted.sort("group", "marker", "empty", "question", "sample", descending=[False, True, False, False, False])
             .unique(["group", "marker"], keep="first", maintain_order=True)
             .select(PICK_COLUMNS))
