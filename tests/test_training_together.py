@@ -204,6 +204,26 @@ def test_job_trains_its_groups_together_and_the_rest_alone(base, tmp_path):
     assert not reports[2].options["padding_free"]
 
 
+def test_a_cell_alone_trains_on_the_rows_its_stage_plan_tokenized(base, tmp_path, monkeypatch):
+    """The job's plan tokenizes every cell (stages); a cell that trains alone gets those rows and is not tokenized a
+    second time in its trainer (600 A1 rows of SmolLM2 take about a second of a worker's CPU)."""
+    from eps_screen.train import lora as training
+    from eps_screen.train.stages import CellTraining, stages, train_cells
+
+    cells = [CellTraining(_config(packing=False), _examples(8), True, 9, tmp_path / "padded")]
+    stage = stages(base.tokenizer, cells, 8)[0]
+    assert stage.groups == []  # it trains alone
+
+    def tokenized_again(*args, **kwargs):
+        raise AssertionError("train_lora tokenized the cell's examples again")
+
+    monkeypatch.setattr(training, "tokenize_set", tokenized_again)
+    report = train_cells(base, cells, stage)[0]
+    assert report.examples == len(stage.recipes[0].rows) == 8
+    assert report.tokens == sum(len(r.input_ids) for r in stage.recipes[0].rows)
+    assert (tmp_path / "padded" / "adapter_model.safetensors").exists()
+
+
 @pytest.mark.parametrize("way", ["alone", "together"])
 def test_training_state_is_gone_when_the_cache_goes_back(base, tmp_path, monkeypatch, way):
     """Training ends by giving the CUDA cache back to the driver, for an engine that wakes next in the same process:

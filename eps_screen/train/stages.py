@@ -137,5 +137,6 @@ def train_cells(base, cells: list[CellTraining], stage: Stage | None = None) -> 
             reports[i] = rep
     for i, c in enumerate(cells):
         if reports[i] is None:
-            reports[i] = train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir, c.on_step)
+            reports[i] = train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir, c.on_step,
+                                    rows=list(recipes[i].rows))
     return reports

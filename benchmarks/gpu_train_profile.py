@@ -1,0 +1,127 @@
+"""Where one trainer's time goes: smol-marker.yaml's cells under torch.profiler, in this process, on one GPU.
+
+    python benchmarks/gpu_train_profile.py                 # the GPU run (gpu_train_profile.json, *_ops.txt)
+    python benchmarks/gpu_train_profile.py --tiny          # a CPU dry run of the code path
+
+Two trainings, each after a warm-up of the same kind (compilation and allocator growth are not what is profiled),
+timed first without the profiler (its wall, and of it the training loop's: the rest is set-up, saving, clean-up):
+one A1 cell alone through train_lora (TRL's path, shared prefixes) and the eight A0 cells of a stage in shared
+passes (train_together), each on `--examples` examples for one epoch. The cells are gpu_smol_stage_bench's: the
+product's training_set at SmolLM2's answer lengths. Reported per training: its wall, the seconds the card ran
+kernels (the sum of the CUDA kernels' durations), their ratio (how busy one trainer keeps the card), the count of
+kernels launched, and the ops that took the most self CPU and self CUDA time (the tables go to *_ops.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_common import environment, out_dir, record_failure, write  # noqa: E402
+from gpu_smol_stage_bench import stage_cells, stage_of, trainings  # noqa: E402
+
+
+def timed(fn) -> tuple[float, float]:
+    """(fn's wall seconds, of which its training loop's), unprofiled."""
+    import torch
+
+    t0 = time.perf_counter()
+    reports = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    loop = reports[0].options.get("together_seconds") or sum(r.seconds for r in reports)
+    return wall, loop
+
+
+def profiled(fn):
+    """(fn's wall seconds, the profile); CUDA activity only where a GPU is."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    return wall, prof
+
+
+def summary(label: str, wall: float, prof, steps: int, tokens: int, path: Path) -> dict:
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy = sum(e.device_time for e in kernels) / 1e6  # microseconds -> seconds
+    table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    table_cuda = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30) if kernels else ""
+    path.write_text(f"# {label}: self CPU\n{table_cpu}\n\n# {label}: self CUDA\n{table_cuda}\n")
+    out = {"label": label, "wall_s": round(wall, 2), "steps": steps, "characters": tokens,
+           "s_a_step": round(wall / max(1, steps), 3), "kernel_s": round(busy, 2),
+           "card_busy": round(busy / wall, 3) if wall else None, "kernels": len(kernels),
+           "kernels_a_step": round(len(kernels) / max(1, steps))}
+    print(f"{label}: {wall:.1f} s wall, {steps} steps ({out['s_a_step']} s a step), kernels {busy:.1f} s "
+          f"({out['card_busy']} of the wall), {out['kernels_a_step']} kernels a step", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=int, default=160, help="examples a cell (one epoch: examples/16 steps)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (a dry run of the code path)")
+    args = ap.parse_args()
+
+    from eps_screen.run.engines import training_base
+    from eps_screen.spec.config import load_config
+    from eps_screen.train.lora import train_lora
+    from eps_screen.train.together import train_together
+
+    config = load_config(Path(__file__).resolve().parents[1] / "deployments" / "configs" / "smol-marker.yaml")
+    if args.tiny:
+        config = config.model_copy(update={"model": config.model.model_copy(update={"base": "tiny",
+                                                                                     "dtype": "float32"})})
+    base = training_base(config)
+    work = Path(tempfile.mkdtemp(prefix="smol-profile-"))
+    budget = config.training.max_batch_tokens
+    payload = {"environment": environment(), "examples": args.examples, "runs": [], "errors": []}
+    path = out_dir() / "gpu_train_profile.json"
+
+    def alone(tag: str, n: int):
+        c = replace(trainings(config, stage_cells(config, 1)[3:4], work / tag, n, 1, budget)[0], on_step=None)
+        return lambda: [train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir)], c
+
+    def together(tag: str, n: int):
+        cells = trainings(config, stage_cells(config, 0), work / tag, n, 1, budget)
+        stage = stage_of(base.tokenizer, cells, len(cells))
+        return lambda: train_together(base, stage.recipes), cells
+
+    for label, make in (("A1-alone", alone), ("A0-eight-together", together)):
+        try:
+            warm, _ = make(f"{label}-warm", 32)
+            warm()
+            fn, cells = make(f"{label}-timed", args.examples)
+            plain_wall, loop = timed(fn)
+            fn, cells = make(label, args.examples)
+            wall, prof = profiled(fn)
+            cells = cells if isinstance(cells, list) else [cells]
+            steps = -(-len(cells[0].examples) // cells[0].config.training.batch_size)
+            tokens = sum(len(e.system) + len(e.user) + len(e.answer) for c in cells for e in c.examples)  # characters
+            run = summary(label, wall, prof, steps, tokens, out_dir() / f"{label}_ops.txt")
+            run.update(unprofiled_wall_s=round(plain_wall, 2), unprofiled_loop_s=round(loop, 2),
+                       beyond_the_loop_s=round(plain_wall - loop, 2))
+            print(f"{label} unprofiled: {plain_wall:.1f} s wall, of which the loop {loop:.1f} s", flush=True)
+            payload["runs"].append(run)
+        except Exception as err:  # one training's failure must not cost the other
+            record_failure(payload, label, err)
+        write(path, payload)
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
