@@ -39,6 +39,31 @@ DEFAULT_VARIANTS = ("A1-shipped:1:4:1:28000,A1-pairs:1:4:2:46000,A0-shipped:0:4:
                     "A1-quads:1:2:4:92000,A0-quads:0:2:4:28000,A1-eight:1:8:1:28000,A1-eight-pairs:1:8:2:46000")
 
 
+def with_base(config, tiny: bool, base: str | None):
+    """The config on the tiny model (a CPU dry run) or on another model directory of the same shape."""
+    if tiny:
+        return config.model_copy(update={"model": config.model.model_copy(update={"base": "tiny", "dtype": "float32"})})
+    if base:
+        return config.model_copy(update={"model": config.model.model_copy(update={"base": base})})
+    return config
+
+
+def make_shaped_model(source: Path, out: Path) -> None:
+    """A model directory with `source`'s config and tokenizer files and random bf16 weights: where the weights
+    cannot be carried to the GPU machine, a bench of speed runs on this one (speed depends on shapes and token
+    counts, not on the weights' values)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():
+        if f.name != "model.safetensors" and f.is_file():
+            shutil.copy(f, out / f.name)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.bfloat16).save_pretrained(out)
+
+
 def stage_cells(config, level_a: int) -> list:
     from eps_screen.spec.design import Cell
 
@@ -119,6 +144,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480, help="start no variant after this many seconds")
     ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (a dry run of the code path)")
     ap.add_argument("--name", default="gpu_smol_stage.json")
+    ap.add_argument("--base", default=None, help="a model directory in place of the config's base: SmolLM2's shape "
+                    "and tokenizer with other weights trains at the same speed (make_shaped_model)")
     args = ap.parse_args()
 
     from eps_screen.models.loading import load_tokenizer
@@ -126,9 +153,7 @@ def main() -> None:
     from eps_screen.spec.config import load_config
 
     config = load_config(Path(__file__).resolve().parents[1] / "deployments" / "configs" / "smol-marker.yaml")
-    if args.tiny:
-        config = config.model_copy(update={"model": config.model.model_copy(update={"base": "tiny",
-                                                                                     "dtype": "float32"})})
+    config = with_base(config, args.tiny, args.base)
     tokenizer = load_tokenizer(config.model.base)
     path = out_dir() / args.name
     payload = {"environment": environment(), "epochs": args.epochs, "examples": args.examples, "runs": [],

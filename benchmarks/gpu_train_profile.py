@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_common import environment, out_dir, record_failure, write  # noqa: E402
-from gpu_smol_stage_bench import stage_cells, stage_of, trainings  # noqa: E402
+from gpu_smol_stage_bench import stage_cells, stage_of, trainings, with_base  # noqa: E402
 
 
 def timed(fn) -> tuple[float, float]:
@@ -75,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=160, help="examples a cell (one epoch: examples/16 steps)")
     ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (a dry run of the code path)")
+    ap.add_argument("--base", default=None, help="a model directory of SmolLM2's shape in place of its weights")
     args = ap.parse_args()
 
     from eps_screen.run.engines import training_base
@@ -83,9 +84,7 @@ def main() -> None:
     from eps_screen.train.together import train_together
 
     config = load_config(Path(__file__).resolve().parents[1] / "deployments" / "configs" / "smol-marker.yaml")
-    if args.tiny:
-        config = config.model_copy(update={"model": config.model.model_copy(update={"base": "tiny",
-                                                                                     "dtype": "float32"})})
+    config = with_base(config, args.tiny, args.base)
     base = training_base(config)
     work = Path(tempfile.mkdtemp(prefix="smol-profile-"))
     budget = config.training.max_batch_tokens
