@@ -9,11 +9,12 @@ own training_set from the config's regimes, with answers of panel words at SmolL
 product's TrainerPool, eps_screen.run.trainers), the stage's cells dealt out as tasks of `group` cells that share
 passes (train_together; 1: each cell alone through train_lora, TRL's path) under passes of at most `budget` tokens
 (training.max_batch_tokens). A pool lives while the variants in a row use its process count (the one before it is
-closed first: its memory is given back) and is warmed with one short stage first, so a
-variant's wall is the stage's trainings alone: no process start, no engines beside them (in a job they evaluate the
-stage before, on the same card). Reported per variant: the stage's wall, seconds a cell of wall, each cell's
-optimizer steps and seconds, each trainer's own allocated peak (own_allocated_gb) and the card's peak by
-nvidia-smi while the stage ran.
+closed first: its memory is given back) and is warmed with two short stages first (cells alone, then pairs that
+share passes: each path's first-use costs), so a variant's wall is the stage's trainings alone: no process start,
+no engines beside them (in a job they evaluate the stage before, on the same card). Reported per variant: the
+stage's wall, seconds a cell of wall, each cell's optimizer steps and seconds, each trainer's own allocated peak
+(own_allocated_gb) and the card's peak by nvidia-smi while the stage ran. The H100 run in BENCHMARKS.md warmed its
+pools with cells alone only.
 """
 
 from __future__ import annotations
@@ -175,9 +176,10 @@ def main() -> None:
                     pools.clear()
                     t0 = time.perf_counter()
                     pools[processes] = TrainerPool(config, processes)
-                    warm = trainings(config, stage_cells(config, 0)[:processes], work / f"warm{processes}", 32, 1,
-                                     budget)
-                    pools[processes].submit(warm, stage_of(tokenizer, warm, 1)).result()
+                    for group_of in (1, 2):  # both paths' first-use costs (train_lora's, train_together's)
+                        warm = trainings(config, stage_cells(config, 0)[:processes * group_of],
+                                         work / f"warm{processes}-{group_of}", 32, 1, budget)
+                        pools[processes].submit(warm, stage_of(tokenizer, warm, group_of)).result()
                     print(f"pool of {processes}: started and warmed in {time.perf_counter() - t0:.1f} s", flush=True)
                 cells = trainings(config, stage_cells(config, int(level_a)), work / label, args.examples,
                                   args.epochs, budget)
