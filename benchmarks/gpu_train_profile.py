@@ -6,7 +6,8 @@
 Two trainings, each after a warm-up of the same kind (compilation and allocator growth are not what is profiled),
 timed first without the profiler (its wall, and of it the training loop's: the rest is set-up, saving, clean-up):
 one A1 cell alone through train_lora (TRL's path, shared prefixes) and the eight A0 cells of a stage in shared
-passes (train_together), each on `--examples` examples for one epoch. The cells are gpu_smol_stage_bench's: the
+passes (train_together), each on `--examples` examples for one epoch, through train_cells on the stage's plan as a
+trainer process runs them. The cells are gpu_smol_stage_bench's: the
 product's training_set at SmolLM2's answer lengths. Reported per training: its wall, the seconds the card ran
 kernels (the sum of the CUDA kernels' durations), their ratio (how busy one trainer keeps the card), the count of
 kernels launched, and the ops that took the most self CPU and self CUDA time (the tables go to *_ops.txt).
@@ -48,21 +49,17 @@ def profiled(fn):
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        wall, _ = timed(fn)
     return wall, prof
 
 
-def summary(label: str, wall: float, prof, steps: int, tokens: int, path: Path) -> dict:
+def summary(label: str, wall: float, prof, steps: int, characters: int, path: Path) -> dict:
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy = sum(e.device_time for e in kernels) / 1e6  # microseconds -> seconds
     table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
     table_cuda = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30) if kernels else ""
     path.write_text(f"# {label}: self CPU\n{table_cpu}\n\n# {label}: self CUDA\n{table_cuda}\n")
-    out = {"label": label, "wall_s": round(wall, 2), "steps": steps, "characters": tokens,
+    out = {"label": label, "wall_s": round(wall, 2), "steps": steps, "characters": characters,
            "s_a_step": round(wall / max(1, steps), 3), "kernel_s": round(busy, 2),
            "card_busy": round(busy / wall, 3) if wall else None, "kernels": len(kernels),
            "kernels_a_step": round(len(kernels) / max(1, steps))}
@@ -80,8 +77,7 @@ def main() -> None:
 
     from eps_screen.run.engines import training_base
     from eps_screen.spec.config import load_config
-    from eps_screen.train.lora import train_lora
-    from eps_screen.train.together import train_together
+    from eps_screen.train.stages import train_cells
 
     config = load_config(Path(__file__).resolve().parents[1] / "deployments" / "configs" / "smol-marker.yaml")
     config = with_base(config, args.tiny, args.base)
@@ -91,27 +87,24 @@ def main() -> None:
     payload = {"environment": environment(), "examples": args.examples, "runs": [], "errors": []}
     path = out_dir() / "gpu_train_profile.json"
 
-    def alone(tag: str, n: int):
-        c = replace(trainings(config, stage_cells(config, 1)[3:4], work / tag, n, 1, budget)[0], on_step=None)
-        return lambda: [train_lora(base, c.examples, c.config, c.whole_answer, c.seed, c.out_dir)], c
+    def stage(level_a: int, picked: slice, tag: str, n: int):
+        """The stage's trainings as a trainer process runs them (train_cells, on its plan's rows), and its cells."""
+        cells = [replace(c, on_step=None) for c in trainings(config, stage_cells(config, level_a)[picked], work / tag, n,
+                                                             1, budget)]
+        planned = stage_of(base.tokenizer, cells, len(cells))
+        return lambda: train_cells(base, cells, planned), cells
 
-    def together(tag: str, n: int):
-        cells = trainings(config, stage_cells(config, 0), work / tag, n, 1, budget)
-        stage = stage_of(base.tokenizer, cells, len(cells))
-        return lambda: train_together(base, stage.recipes), cells
-
-    for label, make in (("A1-alone", alone), ("A0-eight-together", together)):
+    for label, level_a, picked in (("A1-alone", 1, slice(3, 4)), ("A0-eight-together", 0, slice(None))):
         try:
-            warm, _ = make(f"{label}-warm", 32)
+            warm, _ = stage(level_a, picked, f"{label}-warm", 32)
             warm()
-            fn, cells = make(f"{label}-timed", args.examples)
+            fn, _ = stage(level_a, picked, f"{label}-timed", args.examples)
             plain_wall, loop = timed(fn)
-            fn, cells = make(label, args.examples)
+            fn, cells = stage(level_a, picked, label, args.examples)
             wall, prof = profiled(fn)
-            cells = cells if isinstance(cells, list) else [cells]
             steps = -(-len(cells[0].examples) // cells[0].config.training.batch_size)
-            tokens = sum(len(e.system) + len(e.user) + len(e.answer) for c in cells for e in c.examples)  # characters
-            run = summary(label, wall, prof, steps, tokens, out_dir() / f"{label}_ops.txt")
+            characters = sum(len(e.system) + len(e.user) + len(e.answer) for c in cells for e in c.examples)
+            run = summary(label, wall, prof, steps, characters, out_dir() / f"{label}_ops.txt")
             run.update(unprofiled_wall_s=round(plain_wall, 2), unprofiled_loop_s=round(loop, 2),
                        beyond_the_loop_s=round(plain_wall - loop, 2))
             print(f"{label} unprofiled: {plain_wall:.1f} s wall, of which the loop {loop:.1f} s", flush=True)
