@@ -40,8 +40,11 @@ DEFAULT_VARIANTS = ("A1-shipped:1:4:1:28000,A1-pairs:1:4:2:46000,A0-shipped:0:4:
                     "A1-quads:1:2:4:92000,A0-quads:0:2:4:28000,A1-eight:1:8:1:28000,A1-eight-pairs:1:8:2:46000")
 
 
-def with_base(config, tiny: bool, base: str | None):
-    """The config on the tiny model (a CPU dry run) or on another model directory of the same shape."""
+def with_base(config, tiny: bool, base: str | None, compile_: bool = False):
+    """The config on the tiny model (a CPU dry run) or on another model directory of the same shape; with
+    training.compile where asked (it takes effect on a GPU only)."""
+    if compile_:
+        config = config.model_copy(update={"training": config.training.model_copy(update={"compile": True})})
     if tiny:
         return config.model_copy(update={"model": config.model.model_copy(update={"base": "tiny", "dtype": "float32"})})
     if base:
@@ -147,6 +150,8 @@ def main() -> None:
     ap.add_argument("--name", default="gpu_smol_stage.json")
     ap.add_argument("--base", default=None, help="a model directory in place of the config's base: SmolLM2's shape "
                     "and tokenizer with other weights trains at the same speed (make_shaped_model)")
+    ap.add_argument("--compile", action="store_true", help="training.compile: each decoder block through torch.compile "
+                    "(the pools' warm-up then includes the compiles)")
     args = ap.parse_args()
 
     from eps_screen.models.loading import load_tokenizer
@@ -154,11 +159,11 @@ def main() -> None:
     from eps_screen.spec.config import load_config
 
     config = load_config(Path(__file__).resolve().parents[1] / "deployments" / "configs" / "smol-marker.yaml")
-    config = with_base(config, args.tiny, args.base)
+    config = with_base(config, args.tiny, args.base, args.compile)
     tokenizer = load_tokenizer(config.model.base)
     path = out_dir() / args.name
-    payload = {"environment": environment(), "epochs": args.epochs, "examples": args.examples, "runs": [],
-               "errors": []}
+    payload = {"environment": environment(), "epochs": args.epochs, "examples": args.examples,
+               "compile": args.compile, "runs": [], "errors": [], "warm_s": {}}
     pools: dict[int, TrainerPool] = {}
     began = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="smol-stage-"))
@@ -180,7 +185,8 @@ def main() -> None:
                         warm = trainings(config, stage_cells(config, 0)[:processes * group_of],
                                          work / f"warm{processes}-{group_of}", 32, 1, budget)
                         pools[processes].submit(warm, stage_of(tokenizer, warm, group_of)).result()
-                    print(f"pool of {processes}: started and warmed in {time.perf_counter() - t0:.1f} s", flush=True)
+                    payload["warm_s"][processes] = round(time.perf_counter() - t0, 1)
+                    print(f"pool of {processes}: started and warmed in {payload['warm_s'][processes]} s", flush=True)
                 cells = trainings(config, stage_cells(config, int(level_a)), work / label, args.examples,
                                   args.epochs, budget)
                 stage = stage_of(tokenizer, cells, group)

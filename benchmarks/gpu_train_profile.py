@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=160, help="examples a cell (one epoch: examples/16 steps)")
     ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (a dry run of the code path)")
     ap.add_argument("--base", default=None, help="a model directory of SmolLM2's shape in place of its weights")
+    ap.add_argument("--compile", action="store_true", help="training.compile (each decoder block through torch.compile)")
+    ap.add_argument("--runs", default="A1-alone,A0-eight-together", help="which of the two trainings, in order")
+    ap.add_argument("--name", default="gpu_train_profile.json")
     args = ap.parse_args()
 
     from eps_screen.run.engines import training_base
@@ -80,12 +83,13 @@ def main() -> None:
     from eps_screen.train.stages import train_cells
 
     config = load_config(Path(__file__).resolve().parents[1] / "deployments" / "configs" / "smol-marker.yaml")
-    config = with_base(config, args.tiny, args.base)
+    config = with_base(config, args.tiny, args.base, args.compile)
     base = training_base(config)
     work = Path(tempfile.mkdtemp(prefix="smol-profile-"))
     budget = config.training.max_batch_tokens
-    payload = {"environment": environment(), "examples": args.examples, "runs": [], "errors": []}
-    path = out_dir() / "gpu_train_profile.json"
+    payload = {"environment": environment(), "examples": args.examples, "compile": args.compile, "runs": [],
+               "errors": []}
+    path = out_dir() / args.name
 
     def stage(level_a: int, picked: slice, tag: str, n: int):
         """The stage's trainings as a trainer process runs them (train_cells, on its plan's rows), and its cells."""
@@ -94,18 +98,23 @@ def main() -> None:
         planned = stage_of(base.tokenizer, cells, len(cells))
         return lambda: train_cells(base, cells, planned), cells
 
-    for label, level_a, picked in (("A1-alone", 1, slice(3, 4)), ("A0-eight-together", 0, slice(None))):
+    known = {"A1-alone": (1, slice(3, 4)), "A0-eight-together": (0, slice(None))}
+    for label in args.runs.split(","):
+        level_a, picked = known[label]
         try:
             warm, _ = stage(level_a, picked, f"{label}-warm", 32)
+            t0 = time.perf_counter()
             warm()
+            print(f"{label} warm-up: {time.perf_counter() - t0:.1f} s", flush=True)
             fn, _ = stage(level_a, picked, f"{label}-timed", args.examples)
             plain_wall, loop = timed(fn)
             fn, cells = stage(level_a, picked, label, args.examples)
             wall, prof = profiled(fn)
             steps = -(-len(cells[0].examples) // cells[0].config.training.batch_size)
             characters = sum(len(e.system) + len(e.user) + len(e.answer) for c in cells for e in c.examples)
-            run = summary(label, wall, prof, steps, characters, out_dir() / f"{label}_ops.txt")
-            run.update(unprofiled_wall_s=round(plain_wall, 2), unprofiled_loop_s=round(loop, 2),
+            ops = out_dir() / f"{label}{'-compiled' if args.compile else ''}_ops.txt"
+            run = summary(label, wall, prof, steps, characters, ops)
+            run.update(compile=args.compile, unprofiled_wall_s=round(plain_wall, 2), unprofiled_loop_s=round(loop, 2),
                        beyond_the_loop_s=round(plain_wall - loop, 2))
             print(f"{label} unprofiled: {plain_wall:.1f} s wall, of which the loop {loop:.1f} s", flush=True)
             payload["runs"].append(run)
