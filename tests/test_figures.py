@@ -18,6 +18,7 @@ DERIVED = {
     "start/off-policy-process": lambda r: round(_child(r)["process_start_s"] - _child(r)["start_s"]
                                                 + _child(r)["release_s"], 1),
     "start/base-aside": lambda r: round(r["rounds"][0]["to_host_s"] + r["rounds"][0]["back_s"], 1),
+    "anchor/smollm2-h100/compile-warmup": lambda r: _compile_warmup(r),
 }
 # Figures whose result file holds their inputs, not the figure itself (rounded summaries, a size, a failure).
 SUMMARISED = {"start/compile-warmup", "transformers-generate-oom/A1", "cpu-tiny/train", "cpu-tiny/generate",
@@ -27,6 +28,14 @@ SUMMARISED = {"start/compile-warmup", "transformers-generate-oom/A1", "cpu-tiny/
 def _child(result: dict) -> dict:
     (child,) = [s for ref, s in result["engines"].items() if ref.endswith("off-policy")]
     return child
+
+
+def _compile_warmup(compiled: dict) -> float:
+    """The compiled pool's warm-up less the eager pool's (the eager stages' file beside it), plus its first A1
+    stage's wall less its second's."""
+    eager = json.loads((ROOT / RESULTS / entries()["anchor/smollm2-h100/stage-a1-eager"]["result"]).read_text())
+    first, second = (r["stage_wall_s"] for r in compiled["runs"] if r["A"] == 1)
+    return round(compiled["warm_s"]["4"] - eager["warm_s"]["4"] + first - second, 1)
 
 
 def _walk(doc, path: list):

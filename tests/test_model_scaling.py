@@ -9,6 +9,7 @@ import pytest
 
 from eps_screen.models.shape import KNOWN, MEASURED, model_shape
 from eps_screen.plan.cost_estimate import estimate
+from eps_screen.plan.phase_sizes import gpu_jobs
 from eps_screen.plan.figures import figure
 from eps_screen.spec.config import load_config
 from tests.conftest import CONFIGS
@@ -135,10 +136,11 @@ def test_a_hub_id_with_only_a_size_scales_by_parameters_and_is_held_to_the_small
 def test_trainer_processes_count_their_measured_stage_walls_and_hide_the_evaluation():
     """smol-marker.yaml trains in four processes (training.processes: 4), the short cells in shared passes: a cell's
     training costs the measured stage wall over its cells (H200), and the evaluation, which runs beside the next
-    stage's training, counts only where the training does not cover it. One process: as before."""
+    stage's training, counts only where the training does not cover it. One process: as before. (Eager here: the
+    compiled trainers are the next test's.)"""
     from eps_screen.plan.model_scaling import train_step_s
 
-    four = load_config(CONFIGS / "smol-marker.yaml")
+    four = load_config(CONFIGS / "smol-marker.yaml").with_sets({"training.compile": False})
     assert four.training.processes == 4
     one = four.with_sets({"training.processes": 1})
     est4, est1 = estimate(four), estimate(one)
@@ -159,3 +161,32 @@ def test_trainer_processes_count_their_measured_stage_walls_and_hide_the_evaluat
 
     assert any("training.processes: 4 trainers" in line for line in memory_lines(four))
     assert not any("training.processes" in line for line in memory_lines(one))
+
+
+def test_compiled_trainers_count_the_long_cells_at_the_measured_ratio_and_a_warm_up_a_job():
+    """smol-marker.yaml compiles its trainers (training.compile): a long (A1) cell in four workers costs its eager
+    stage wall times the compiled-over-eager ratio of the H100's stages; short cells share passes, which never
+    compile, and cost the same; each training job pays the small model's measured compile warm-up, not the 7B's."""
+    from eps_screen.plan.model_scaling import cell_step_s, compile_factor, train_step_s
+
+    compiled = load_config(CONFIGS / "smol-marker.yaml")
+    assert compiled.training.compile
+    eager = compiled.with_sets({"training.compile": False})
+    ratio = figure("anchor/smollm2-h100/stage-a1-compiled").value / figure("anchor/smollm2-h100/stage-a1-eager").value
+    assert compile_factor() == ratio and 0.7 < ratio < 0.8
+    workers = train_step_s("anchor/smollm2-h200/train-workers")
+    assert cell_step_s(compiled, "A1B0") == pytest.approx(workers * ratio)
+    assert cell_step_s(eager, "A1B0") == pytest.approx(workers)
+    assert cell_step_s(compiled, "A0B0") == cell_step_s(eager, "A0B0")
+    est_c, est_e = estimate(compiled), estimate(eager)
+    # half of the 114 cells are long: theirs is the training that shrinks
+    saved_s = (est_e.hours["train"] - est_c.hours["train"]) * 3600
+    assert saved_s == pytest.approx(57 * figure("anchor/smollm2-h200/train-workers").value * (1 - ratio), rel=0.1)
+    assert any(f"A1 x{ratio:.2f} for training.compile" in n for n in est_c.notes)
+    warm = figure("anchor/smollm2-h100/compile-warmup")
+    assert est_c.figures["compile warm-up"]["value"] == warm.value != figure("start/compile-warmup").value
+    jobs = gpu_jobs(compiled)
+    assert (est_c.hours["startup"] - est_e.hours["startup"]) * 3600 == pytest.approx((jobs - 1) * warm.value)
+    # one process: a cell alone in the job's process was not measured compiled, and counts as eager
+    one_c, one_e = (c.with_sets({"training.processes": 1}) for c in (compiled, eager))
+    assert estimate(one_c).hours["train"] == estimate(one_e).hours["train"]

@@ -190,7 +190,7 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
                 notes.append(f"execution.engine_cache_dir (a network volume) would start each job's engine in "
                              f"~{warm.value:.0f} s instead of {cold.value:.0f} s")
         if config.training.compile:
-            warmup = figure("start/compile-warmup")
+            warmup = figure(scaled.compile_warmup)
             startup_s += warmup.value
             pre_screen_skips += warmup.value
             figures["compile warm-up"] = warmup

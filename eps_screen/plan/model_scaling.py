@@ -29,6 +29,7 @@ class ScaledRates:
     generate: dict[str, Figure]
     answers: dict[str, Figure] | None
     engine: str = "start/vllm"  # the figures of the engine's start: the nearer measured model's
+    compile_warmup: str = "start/compile-warmup"  # what training.compile costs a job: the nearer measured model's
     sleep_factor: float = 1.0  # an engine's first sleep moves its weights: by their size
     notes: list[str] = field(default_factory=list)
 
@@ -57,16 +58,24 @@ def train_step_s(key: str = "anchor/smollm2-h100/train") -> float:
 TRAINERS_MEASURED = 4
 
 
+def compile_factor() -> float:
+    """A stage of long cells in four workers with training.compile, over the same stage without (an H100)."""
+    return figure("anchor/smollm2-h100/stage-a1-compiled").value / figure("anchor/smollm2-h100/stage-a1-eager").value
+
+
 def cell_step_s(config: ScreenConfig, condition: str) -> float:
     """Seconds of job wall a training step of one cell of the small anchor model costs: alone in the job's process;
     or, with training.processes >= 4, a short (A0) cell's in a stage that shares passes and a long (A1) cell's in
-    one of four workers training at once (each the stage's wall over its cells)."""
+    one of four workers training at once (each the stage's wall over its cells), the latter at compile_factor()
+    with training.compile. Shared passes never compile, and a cell alone in the job's process was not measured
+    compiled: both count as eager."""
     from eps_screen.train.stages import trains_together
 
     if config.training.processes < TRAINERS_MEASURED:
         return train_step_s()
     shared = condition.startswith("A0") and trains_together(config)
-    return train_step_s("anchor/smollm2-h200/train-" + ("shared" if shared else "workers"))
+    step = train_step_s("anchor/smollm2-h200/train-" + ("shared" if shared else "workers"))
+    return step * compile_factor() if config.training.compile and not shared else step
 
 
 # Several engines of the base model on one card (eval.vllm_engines) were measured at 4 only: fewer count as one.
@@ -134,9 +143,11 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
         out.notes.append("transformers generation at the 7B's figures: its decode is bound by Python per step")
     if small:
         if config.training.processes >= TRAINERS_MEASURED:
+            compiled = (f"; A1 x{compile_factor():.2f} for training.compile, from an H100's stages"
+                        if config.training.compile else "")
             trained = (f"a cell's training step at most {cell_step_s(config, 'A0B0'):.3f} s of the job's wall (A0) and"
                        f" {cell_step_s(config, 'A1B0'):.3f} s (A1), {config.training.processes} trainer processes"
-                       " (counted as 4; SmolLM2-135M on an H200)")
+                       f" (counted as 4; SmolLM2-135M on an H200{compiled})")
         else:
             trained = (f"training at most one step per {train_step_s():.2f} s"
                        + (" (training.processes below 4 counted as one)" if config.training.processes > 1 else ""))
@@ -146,5 +157,6 @@ def scale_to_model(config: ScreenConfig, train: dict[str, Figure], generate: dic
     anchor_params = model_params("smollm2-135m-instruct")
     if abs(math.log(params / anchor_params)) < abs(math.log(params / REFERENCE_PARAMS)):
         out.engine = "anchor/smollm2-h100/engine"
+        out.compile_warmup = "anchor/smollm2-h100/compile-warmup"
     out.sleep_factor = params / REFERENCE_PARAMS
     return out
