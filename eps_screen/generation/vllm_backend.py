@@ -21,7 +21,8 @@ GPU settings: sleep mode, so the engine can hand the card to training (`sleep`: 
 dropped; `wake` before the next request). Its memory budget is what is free on the card when it starts, less a
 margin (eval.vllm_gpu_memory_utilization overrides): the job loads the training base first, so the engine never
 claims the base's share. On both, the engine core runs in this process: one CUDA context, and sleep/wake are
-plain calls rather than messages to a child process. eps_screen.run.engines decides when each happens.
+plain calls rather than messages to a child process. eps_screen.run.engines decides when each happens. FlashInfer's
+sampler stays off where no request would use it (flashinfer_sampler_idle): its JIT build is a cold start's cost.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ def _on_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def flashinfer_sampler_idle(ev) -> bool:
+    """Whether no request of this config can take FlashInfer's top-p/top-k sampler. vLLM samples natively (the same
+    code either way) when no request filters by top-p or top-k (eps-screen sets no top-k) and whenever a request
+    carries its own seed; only the engine's warm-up would use FlashInfer, and on an empty cache it JIT-builds that
+    sampler first: 86 s of a cold 7B engine start on the H200 (BENCHMARKS.md), and likely the silent 69 s after
+    graph capture in SmolLM2's. So such engines start with VLLM_USE_FLASHINFER_SAMPLER=0."""
+    return ev.top_p >= 1.0 or ev.vllm_seed_each_answer
 
 
 # Beside a vLLM engine more must stay free than its own budget counts: vLLM 0.26 leaves its CUDA graphs (1.9 GiB at
@@ -121,6 +131,8 @@ class VLLMGenerator:
         self.engine_in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         if not gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(getattr(ev, "vllm_cpu_kvcache_gb", 1)))
+        elif flashinfer_sampler_idle(ev):  # a user's own setting stands
+            os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         from vllm import LLM
 
         self.model_ref = model_ref
