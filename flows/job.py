@@ -12,8 +12,9 @@ base model is sampled on a GPU too.
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
+from eps_screen.run import warm
 from eps_screen.spec.config import ScreenConfig
 from eps_screen.spec.design import PRE_SCREEN_ID, Cell, regimes
 from eps_screen.store.result_store import ResultStore
@@ -26,9 +27,12 @@ def job(config: ScreenConfig, cell_ids: list[str]) -> dict[str, dict]:
         raise ValueError("cell_ids is empty: name at least one cell (e.g. librarian-A0B0C0D0E0-s42)")
     cells = [Cell.parse(c) for c in cell_ids if c != PRE_SCREEN_ID]  # every id checked before any work starts
     store = ResultStore.for_config(config)  # this process's one store, handed to every task
+    if warm.begin_job(config):
+        get_run_logger().info("engines and trainers kept from the last job of this process (its job host)")
     summaries = {}
     if PRE_SCREEN_ID in cell_ids:
-        pre = pre_screen_task(config, store, trains=bool(cells))
+        # In a job host the engines outlive this job, and the next one trains: they leave room for its base now.
+        pre = pre_screen_task(config, store, trains=bool(cells) or warm.hosted())
         summaries[PRE_SCREEN_ID] = {k: pre[k] for k in ("marker_rate", "answers", "markers", "by_condition")}
     if not config.simulated and cells:
         answer_sets_task(config, regimes(config, cells), store)

@@ -108,6 +108,4 @@ def engines_closed():
     try:
         yield
     finally:
-        for gen in engines._GENERATORS.values():
-            gen.close()
-        engines._GENERATORS.clear()
+        engines.close_all()

@@ -107,3 +107,34 @@ def test_a_worker_error_fails_the_job_and_keeps_the_stored_stages(tmp_path, monk
             pipeline.run_job(config, CELLS, store)
     stored = {c.id for c in CELLS if store.cell_metrics(config, c) is not None}
     assert stored and not stored & set(doomed), "the stage before the failure is stored; the failed one is not"
+
+
+def test_a_job_host_keeps_the_trainers_and_engines_for_the_next_job_of_the_same_config(tmp_path, monkeypatch):
+    """In a job host (flows/runtime/job_host.py) the second job of a config trains in the first one's trainer
+    processes and evaluates with its engine; a job of another config starts its own."""
+    from eps_screen.run import engines, warm
+
+    monkeypatch.setenv(warm.HOSTED, "1")
+    config = _with_processes(tmp_path / "store", 2)
+    store = ResultStore.for_config(config)
+    other = config.with_sets({"store": str(tmp_path / "other")})  # any field: the whole config is compared
+
+    def workers(done):
+        return {m["train"]["options"]["worker"] for m in done.values()}
+
+    try:
+        assert not warm.begin_job(config)
+        first = pipeline.run_job(config, CELLS[:2], store)
+        kept_engines = dict(engines._GENERATORS)
+        assert kept_engines, "the first job's engine is up after it"
+        assert warm.begin_job(config)
+        second = pipeline.run_job(config, CELLS[2:], store)
+        assert workers(second) <= workers(first), "the second job trained in the first one's processes"
+        assert all(engines._GENERATORS[k] is gen for k, gen in kept_engines.items())
+        assert not warm.begin_job(other)
+        assert not engines._GENERATORS, "another config's job closes the last one's engines"
+        third = pipeline.run_job(other, CELLS[:1], ResultStore.for_config(other))
+        assert not workers(third) & workers(first), "and trains in processes of its own"
+    finally:
+        warm.close()
+    assert all(store.cell_metrics(config, c) is not None for c in CELLS)

@@ -189,6 +189,17 @@ def stats() -> dict[str, dict]:
     return out
 
 
+def close_all() -> None:
+    """End every engine of this process and the processes started for engines not yet built."""
+    for registry in (_GENERATORS, _PREPARED):
+        while registry:
+            _, gen = registry.popitem()
+            close = getattr(gen, "close", None)
+            if callable(close):
+                close()
+    _RELEASED.clear()
+
+
 def training_base(config: ScreenConfig):
     """The base model that LoRA training wraps (loaded once per process; on the card again if it was set aside)."""
     from eps_screen.models.loading import load_base

@@ -36,7 +36,7 @@ from eps_screen.spec.design import (
     regime_recipe,
 )
 from eps_screen.generation import GenerationParams
-from eps_screen.run import engines
+from eps_screen.run import engines, warm
 from eps_screen.run.scoring import answers_table, cell_rates
 from eps_screen.run.trainers import TrainerPool
 from eps_screen.store.provenance import provenance
@@ -354,7 +354,7 @@ def _compute_job(config: ScreenConfig, todo: list[Cell], store: ResultStore,
     stage before (`_overlapped`)."""
     with ExitStack() as stack:
         workers = config.training.processes
-        pool = stack.enter_context(TrainerPool(_engine_config(config), workers)) if workers > 1 else None
+        pool = stack.enter_context(warm.trainer_pool(_engine_config(config), workers)) if workers > 1 else None
         prepared = []
         for cell in todo:
             started = time.perf_counter()

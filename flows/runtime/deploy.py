@@ -82,7 +82,8 @@ def base_job_template(spec: PoolSpec) -> dict:
     if unknown:
         raise ValueError(f"deployments/pools/{spec.name}.yaml: unknown variables {unknown}; known: {sorted(props)}")
     for key, value in spec.defaults.items():
-        props[key]["default"] = value
+        # {python}: this interpreter, the one a local pool's workers run (eps-screen deploy runs on their machine)
+        props[key]["default"] = value.replace("{python}", sys.executable) if isinstance(value, str) else value
     return template
 
 

@@ -5,7 +5,8 @@ deployment; deployments/pools/start-local-gpu-workers.sh starts one worker per "
 is only CUDA_VISIBLE_DEVICES, so no GPU is needed). The `screen` flow then runs a whole simulated screen with
 `execution.pool: local-gpu`: the pre-screen and every cell go to the pool, in jobs of several cells. A
 sitecustomize hook records each flow-run process's CUDA_VISIBLE_DEVICES and its lifetime: every run saw
-exactly one device, both devices were used, and no device ever ran two jobs at once.
+exactly one device, both devices were used, and no device ever ran two jobs at once. Each worker's runs went to its
+job host (flows/runtime/job_host.py), one process per GPU for the whole screen.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
         # The workers poll at Prefect's default (10 s), as the script starts them for a user. Each poll makes the
         # server write twice in the background (work queue and deployment "ready" marks); polling every second,
         # as this test once did, measured 3-5x the SQLite lock conflicts and a slower screen (docs/walkthroughs.md).
+        hosts = tmp_path / "hosts"
         worker_env = client_env(tmp_path / "workers", api, PREFECT_BIN=PREFECT, PYTHONPATH=str(hook),
-                                EPS_TEST_GPU_LOG=str(log), PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results))
+                                EPS_TEST_GPU_LOG=str(log), PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(results),
+                                EPS_JOB_HOST_DIR=str(hosts))
         starter = subprocess.Popen([str(ROOT / "deployments/pools/start-local-gpu-workers.sh"), "0", "1"],
                                    env=worker_env, cwd=tmp_path, stdout=subprocess.PIPE, text=True,
                                    start_new_session=True)  # the workers stay in this process group
@@ -106,9 +109,18 @@ def test_a_whole_screen_on_the_gpu_pool_one_job_per_gpu(tmp_path: Path):
         # or cell gave up on one (a client that runs out of retries logs an ERROR with its traceback, and the
         # cells' output is in the workers' logs). A write that meets the lock may answer 503 and be retried by the
         # client: those are counted and kept as a test output (docs/walkthroughs.md, "PostgreSQL for the server").
+        # Each worker's runs ran in its one job host (deployments/pools/local-gpu.yaml's command): nothing failed, so
+        # no host ended early, and every run's process above was the client that waited for its run there. The
+        # runs' own output is in the hosts' logs.
         worker_logs = sorted(tmp_path.glob("worker-gpu-*.log"))
+        host_logs = sorted(hosts.glob("gpu*-worker*.log"))
         assert len(worker_logs) == 2
-        for path in worker_logs:
-            assert "Finished in state Completed()" in path.read_text(errors="replace")
+        assert [p.name.split("-")[0] for p in host_logs] == ["gpu0", "gpu1"], host_logs
+        served = [p.read_text(errors="replace") for p in host_logs]
+        assert all(text.count("job host: pid ") == 1 for text in served), served
+        assert sum(text.count("ended with code 0") for text in served) == len(runs)
+        assert sum(text.count("Finished in state Completed()") for text in served) >= len(runs)
+        assert not any("ended with code 1" in text for text in served)
+        for path in worker_logs + host_logs:
             assert not gave_up(path), (path.name, gave_up(path)[:5])
         count_retried_503s(server_log, "local_gpu_pool_sqlite", gpu_jobs=len(runs), cells=len({c.id for c in cells}))
