@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,8 @@ def test_pool_templates_layer_their_defaults_over_the_worker_type():
             continue
         props = base_job_template(spec)["variables"]["properties"]
         for key, value in spec.defaults.items():
+            if isinstance(value, str):  # {python}: the deploying interpreter (tests/test_job_host.py)
+                value = value.replace("{python}", sys.executable)
             assert props[key]["default"] == value
     assert concurrency(specs["local-gpu"], gpus=4) == 4  # one cell per GPU
     assert concurrency(specs["cpu"], gpus=4) is None
