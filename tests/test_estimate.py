@@ -414,19 +414,28 @@ def test_the_pre_screen_job_pays_no_training_warm_up():
     assert any("the pre-screen's 227 s" in n for n in est.notes)
 
 
-def test_on_the_local_gpu_pool_only_the_screens_first_job_pays_the_weights_conversion():
-    config = load_config(CONFIGS / "smol-marker.yaml")
-    est, jobs = estimate(config), gpu_jobs(config)
+def test_on_the_local_gpu_pool_a_gpus_later_jobs_start_in_its_job_host():
+    config = load_config(CONFIGS / "smol-marker.yaml")  # one GPU at once
+    est = estimate(config)
     first, later = figure("start/local-gpu-job").value, figure("start/local-gpu-job-later").value
     assert first > later  # the first converts the packaged weights; a later one finds them converted
-    off = off_policy_engine_starts(config) * (est.figures["off-policy engine start"]["value"]
+
+    def off(c):
+        return off_policy_engine_starts(c) * (est.figures["off-policy engine start"]["value"]
                                               + figure("start/off-policy-process").value + figure("start/base-aside").value)
+
     engine = est.figures["vLLM engine start"]["value"]
-    # a job that trains also pays its trainers' compiles (training.compile); the pre-screen's trains nothing
-    per_job = later + engine + est.figures["first engine sleep"]["value"] + est.figures["compile warm-up"]["value"]
+    # the pre-screen's job trains nothing: its GPU's first job that trains sleeps the engines and compiles, once
+    once = est.figures["first engine sleep"]["value"] + est.figures["compile warm-up"]["value"]
     pre_screen = first + engine
-    assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + (jobs - 1) * per_job + off)
-    assert est.job_hours[0] == [pytest.approx(est.hours["pre_screen"] + pre_screen / 3600)]
+    # every later job finds the host's engines and trainers up: it starts only the off-policy engine
+    assert est.hours["startup"] * 3600 == pytest.approx(pre_screen + once + off(config))
+    assert est.job_hours[0] == [pytest.approx(est.hours["pre_screen"] + (pre_screen + once) / 3600)]
+    # a second GPU's first job starts its own host, as a job in a process of its own does
+    two = config.with_sets({"execution.max_parallel_cells": 2})
+    assert gpu_jobs(two) > 2
+    per_job = later + engine + once
+    assert estimate(two).hours["startup"] * 3600 == pytest.approx(pre_screen + once + per_job + off(two))
 
 
 def test_more_gpus_at_once_shorten_the_wall_clock_and_cost_more_start_ups():

@@ -166,7 +166,8 @@ def test_trainer_processes_count_their_measured_stage_walls_and_hide_the_evaluat
 def test_compiled_trainers_count_the_long_cells_at_the_measured_ratio_and_a_warm_up_a_job():
     """smol-marker.yaml compiles its trainers (training.compile): a long (A1) cell in four workers costs its eager
     stage wall times the compiled-over-eager ratio of the H100's stages; short cells share passes, which never
-    compile, and cost the same; each training job pays the small model's measured compile warm-up, not the 7B's."""
+    compile, and cost the same; the small model's measured compile warm-up, not the 7B's, is paid once a GPU in the
+    local-gpu pool's job host, and by each training job on RunPod (a pod each)."""
     from eps_screen.plan.model_scaling import cell_step_s, compile_factor, train_step_s
 
     compiled = load_config(CONFIGS / "smol-marker.yaml")
@@ -185,8 +186,11 @@ def test_compiled_trainers_count_the_long_cells_at_the_measured_ratio_and_a_warm
     assert any(f"A1 x{ratio:.2f} for training.compile" in n for n in est_c.notes)
     warm = figure("anchor/smollm2-h100/compile-warmup")
     assert est_c.figures["compile warm-up"]["value"] == warm.value != figure("start/compile-warmup").value
-    jobs = gpu_jobs(compiled)
-    assert (est_c.hours["startup"] - est_e.hours["startup"]) * 3600 == pytest.approx((jobs - 1) * warm.value)
+    # in the local-gpu pool's job host the trainers compile once a GPU (its first job that trains), not once a job
+    assert (est_c.hours["startup"] - est_e.hours["startup"]) * 3600 == pytest.approx(warm.value)
+    pod = [c.with_sets({"execution.pool": "runpod-gpu"}) for c in (compiled, eager)]
+    assert (estimate(pod[0]).hours["startup"] - estimate(pod[1]).hours["startup"]) * 3600 == pytest.approx(
+        (gpu_jobs(compiled) - 1) * warm.value)
     # one process: a cell alone in the job's process was not measured compiled, and counts as eager
     one_c, one_e = (c.with_sets({"training.processes": 1}) for c in (compiled, eager))
     assert estimate(one_c).hours["train"] == estimate(one_e).hours["train"]
