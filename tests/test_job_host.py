@@ -140,6 +140,15 @@ def test_a_host_per_worker_and_gpu(tmp_path, monkeypatch):
     assert job_host.address() == second
 
 
+def test_a_host_directory_others_can_write_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("EPS_JOB_HOST_DIR", str(shared))
+    with pytest.raises(SystemExit, match="writable by others.*EPS_JOB_HOST_DIR"):
+        job_host.address()
+
+
 def test_the_local_gpu_pool_runs_its_jobs_through_the_job_host():
     from flows.runtime.deploy import base_job_template, pool_specs
 

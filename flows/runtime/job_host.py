@@ -44,8 +44,14 @@ _START_S = 120  # for a host to answer: a cold Python with torch and vLLM on its
 
 
 def host_dir() -> Path:
+    """Where the hosts' sockets and logs are. A client sends its run's environment (the Prefect API key with it) to
+    the socket it finds here, so the directory must be this user's and writable by no one else."""
     path = Path(os.environ.get("EPS_JOB_HOST_DIR") or Path(tempfile.gettempdir()) / f"eps-job-host-{os.getuid()}")
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise SystemExit(f"job host: {path} is another user's or writable by others; remove it, or set "
+                         "EPS_JOB_HOST_DIR to a directory of your own")
     return path
 
 
