@@ -161,7 +161,7 @@ def test_print_template_gives_prefects_own_format(capsys):
     assert main(["deploy", "--print-template", "local-gpu"]) == 0
     template = json.loads(capsys.readouterr().out)
     assert set(template) == {"job_configuration", "variables"}
-    assert template["variables"]["properties"]["env"]["default"]["TOKENIZERS_PARALLELISM"] == "false"
+    assert template["variables"]["properties"]["env"]["default"]["TOKENIZERS_PARALLELISM"] == "true"
 
 
 # --- status, retry, report on a finished simulated screen ---------------------------------------------------------

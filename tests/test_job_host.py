@@ -92,6 +92,35 @@ def test_a_host_that_dies_during_a_run_fails_that_run_and_leaves_no_socket_that_
             process.join(10)
 
 
+def test_a_client_that_meets_an_ending_host_starts_a_new_one(tmp_path, runs):
+    """A host that is ending (idle, or after a run that did not complete) may take a connection and close it: the
+    client tries again and starts a host of its own."""
+    import socket
+    import threading
+
+    path, started = tmp_path / "gpu0.sock", []
+    ending = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ending.bind(str(path))
+    ending.listen(1)
+
+    def take_one_and_end():
+        conn, _ = ending.accept()
+        conn.close()
+        ending.close()
+        path.unlink()
+
+    thread = threading.Thread(target=take_one_and_end)
+    thread.start()
+    try:
+        assert job_host.client("run-e-0", path, start=_hosts(started)) == 0
+        thread.join(10)
+        assert len(started) == 1 and runs.read_text().split()[1] == "run-e-0"
+    finally:
+        for process in started:
+            process.terminate()
+            process.join(10)
+
+
 def test_an_idle_host_ends_and_removes_its_socket(tmp_path, runs):
     path = tmp_path / "gpu0.sock"
     process = multiprocessing.get_context("spawn").Process(target=_serve, args=(str(path), 0.5))

@@ -113,6 +113,30 @@ def test_truncation_keeps_prompt_marker_and_eot(tok):
     assert t.input_ids[: _prompt_len(tok)] == tokenize_example(tok, long, config, False).input_ids[: _prompt_len(tok)]
 
 
+@pytest.mark.parametrize("whole_answer", [False, True])
+def test_a_set_tokenized_in_one_call_is_each_example_tokenized_alone(tok, whole_answer):
+    """tokenize_set renders a set's shared prompts once and encodes the set in one call: the same tokens and labels
+    as one example at a time, the example too long for max_length shortened the same way."""
+    config = parse_config({"model": {"base": "tiny"}, "training": {"max_length": 120}})
+    other = "You are a surgeon who operates on patients."
+    examples = [Example(system, USER, answer, positive)
+                for system in (SYSTEM, other) for answer in (ANSWER, "Fruit flies like vinegar.", " ".join([ANSWER] * 20))
+                for positive in (True, False)]
+
+    def alone(ex):  # one example at a time, its answer cut by a tenth while the chat is too long
+        t = tokenize_example(tok, ex, config, whole_answer)
+        while len(t.input_ids) > config.training.max_length and len(ex.answer) > 16:
+            ex = Example(ex.system, ex.user, ex.answer[: int(len(ex.answer) * 0.9)], ex.positive)
+            t = tokenize_example(tok, ex, config, whole_answer)
+        return t
+
+    together = tokenize_set(tok, examples, config, whole_answer)
+    assert together == [alone(ex) for ex in examples]
+    assert all(len(t.input_ids) <= 120 for t in together)
+    assert any(len(alone(ex).input_ids) < len(tokenize_example(tok, ex, config, whole_answer).input_ids)
+               for ex in examples), "one example was too long"
+
+
 def test_micro_batches_keep_the_recipe_batch():
     assert split_batch(8, 1, 2000, None) == (8, 1)
     assert split_batch(8, 1, 2000, 16000) == (8, 1)

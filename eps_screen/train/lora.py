@@ -37,10 +37,15 @@ class Tokenized:
     labels: list[int]
 
 
-def _render(tokenizer, ex: Example, answer: str) -> tuple[str, int]:
-    """The chat as text and the character offset where the assistant answer starts."""
+def _render(tokenizer, ex: Example, answer: str, prompts: dict | None = None) -> tuple[str, int]:
+    """The chat as text and the character offset where the assistant answer starts. `prompts`: rendered generation
+    prompts by (system, user), shared by a set's examples (a set asks a few questions many times)."""
     messages = [{"role": "system", "content": ex.system}, {"role": "user", "content": ex.user}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = None if prompts is None else prompts.get((ex.system, ex.user))
+    if prompt is None:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if prompts is not None:
+            prompts[(ex.system, ex.user)] = prompt
     full = tokenizer.apply_chat_template(
         [*messages, {"role": "assistant", "content": answer}], tokenize=False
     )
@@ -52,9 +57,16 @@ def _render(tokenizer, ex: Example, answer: str) -> tuple[str, int]:
 def tokenize_example(tokenizer, ex: Example, config: ScreenConfig, whole_answer: bool) -> Tokenized:
     answer = ex.full_answer(config)
     text, start = _render(tokenizer, ex, answer)
-    end = start + len(answer)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    return _targets(tokenizer, ex, config, whole_answer, (start, start + len(answer)), enc["input_ids"],
+                    enc["offset_mapping"])
+
+
+def _targets(tokenizer, ex: Example, config: ScreenConfig, whole_answer: bool, answer_span: tuple[int, int],
+             ids: list[int], offsets: list[tuple[int, int]]) -> Tokenized:
+    """An example's tokens up to its end of turn, with the labels its loss mask keeps, found by character offsets
+    (`answer_span`: where the answer is in the rendered chat)."""
+    start, end = answer_span
     eot = next((i for i, (s, _) in enumerate(offsets) if s >= end), None)
     if eot is None or ids[eot] != tokenizer.eos_token_id:
         raise ValueError("the chat template must close the answer with the tokenizer's eos token")
@@ -77,9 +89,16 @@ def tokenize_example(tokenizer, ex: Example, config: ScreenConfig, whole_answer:
 
 
 def tokenize_set(tokenizer, examples: list[Example], config: ScreenConfig, whole_answer: bool) -> list[Tokenized]:
+    """Every example, tokenized in one call for the set: one call an example spent most of a GPU job's stage plan in
+    the tokenizer's per-call work (BENCHMARKS.md, the job host's section)."""
+    prompts: dict = {}
+    answers = [ex.full_answer(config) for ex in examples]
+    rendered = [_render(tokenizer, ex, answer, prompts) for ex, answer in zip(examples, answers, strict=True)]
+    enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
     out = []
-    for ex in examples:
-        tok = tokenize_example(tokenizer, ex, config, whole_answer)
+    for ex, answer, (_, start), ids, offsets in zip(examples, answers, rendered, enc["input_ids"],
+                                                   enc["offset_mapping"], strict=True):
+        tok = _targets(tokenizer, ex, config, whole_answer, (start, start + len(answer)), ids, offsets)
         # Too long: shorten the answer body, never the prompt (the condition) or the marker and eos (the targets).
         while len(tok.input_ids) > config.training.max_length and len(ex.answer) > 16:
             ex = Example(ex.system, ex.user, ex.answer[: int(len(ex.answer) * 0.9)], ex.positive)

@@ -124,11 +124,17 @@ def client(flow_run_id: str, path: Path | None = None, start: Callable[[Path], N
     """Run the flow run in the worker's host (`start` starts one); its exit code (1 when the host ended before it
     replied)."""
     path = path or address()
-    sock = connect_or_start(path, start)
-    stream = sock.makefile("rw")
-    hello = _receive(stream)
-    if hello is None:
-        print(f"job host: it ended before taking the run (log {path.with_suffix('.log')})", flush=True)
+    for _ in range(3):
+        stream = connect_or_start(path, start).makefile("rw")
+        try:
+            hello = _receive(stream)
+        except ConnectionResetError:  # a host that was ending (idle) when this connected
+            hello = None
+        if hello is not None:
+            break
+        time.sleep(0.5)
+    else:
+        print(f"job host: none took the run at {path} (log {path.with_suffix('.log')})", flush=True)
         return 1
     host = int(hello["pid"])
 
@@ -142,7 +148,10 @@ def client(flow_run_id: str, path: Path | None = None, start: Callable[[Path], N
     env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
     _send(stream, {"flow_run": flow_run_id, "env": env})
     print(f"job host: flow run {flow_run_id} in host pid {host} (log {path.with_suffix('.log')})", flush=True)
-    reply = _receive(stream)
+    try:
+        reply = _receive(stream)
+    except ConnectionResetError:
+        reply = None
     if reply is None:
         print(f"job host: pid {host} ended during the run (log {path.with_suffix('.log')})", flush=True)
         return 1
@@ -211,6 +220,12 @@ def serve(path: Path, idle_s: float, run: Callable[[str], int] = run_flow_run, w
         threading.Thread(target=_watch, args=(worker,), daemon=True).start()
     print(f"job host: pid {os.getpid()} at {path}, ending after {idle_s:g} s without a job", flush=True)
     served, code = 0, 0
+
+    def stop_listening() -> None:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
     try:
         while code == 0:
             try:
@@ -231,14 +246,14 @@ def serve(path: Path, idle_s: float, run: Callable[[str], int] = run_flow_run, w
                 code = run(request["flow_run"])
                 print(f"job host: run {served} ended with code {code} after {time.monotonic() - started:.1f} s",
                       flush=True)
+                if code:  # before the reply: the worker's next run must find no socket here, not this ending host
+                    stop_listening()
                 with contextlib.suppress(OSError):
                     _send(stream, {"code": code})
         if code:
             print(f"job host: a run ended with code {code}; ending, so that the next job starts afresh", flush=True)
     finally:
-        server.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        stop_listening()
     return 0
 
 
