@@ -90,7 +90,7 @@ def _dispatch(before: list[Span], jobs: list[Callable[[float], float]], gpus: in
         spans.append((start, job(start + (costs.startup_s if fresh else costs.warm_startup_s))))
         used += fresh
         heapq.heappush(free, (spans[-1][1], 0))
-    return spans, min(max(used, 1), gpus)
+    return spans, used
 
 
 def wall_hours(spans: list[list[Span]]) -> float:

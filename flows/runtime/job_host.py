@@ -116,7 +116,11 @@ def _send(stream, message: dict) -> None:
 
 
 def _receive(stream) -> dict | None:
-    line = stream.readline()
+    """The next message, or None when the other end has gone (closed, or reset by a host that was ending)."""
+    try:
+        line = stream.readline()
+    except ConnectionResetError:
+        return None
     return json.loads(line) if line else None
 
 
@@ -126,10 +130,7 @@ def client(flow_run_id: str, path: Path | None = None, start: Callable[[Path], N
     path = path or address()
     for _ in range(3):
         stream = connect_or_start(path, start).makefile("rw")
-        try:
-            hello = _receive(stream)
-        except ConnectionResetError:  # a host that was ending (idle) when this connected
-            hello = None
+        hello = _receive(stream)  # None from a host that was ending when this connected
         if hello is not None:
             break
         time.sleep(0.5)
@@ -148,10 +149,7 @@ def client(flow_run_id: str, path: Path | None = None, start: Callable[[Path], N
     env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
     _send(stream, {"flow_run": flow_run_id, "env": env})
     print(f"job host: flow run {flow_run_id} in host pid {host} (log {path.with_suffix('.log')})", flush=True)
-    try:
-        reply = _receive(stream)
-    except ConnectionResetError:
-        reply = None
+    reply = _receive(stream)
     if reply is None:
         print(f"job host: pid {host} ended during the run (log {path.with_suffix('.log')})", flush=True)
         return 1
