@@ -70,6 +70,21 @@ def test_a_cell_trained_in_a_worker_equals_it_trained_in_the_job_process(jobs):
             < ADAPTER_TOL, cell.id
 
 
+def test_the_workers_tokenize_the_stage_plan_as_the_job_process_would(jobs):
+    """The job plans its stages from recipes its trainers tokenized (TrainerPool.recipes), in order."""
+    from eps_screen.models.loading import load_tokenizer
+    from eps_screen.train.stages import recipes_of
+
+    config, _ = jobs[2]
+    store = ResultStore.for_config(config)
+    cells = [pipeline._cell_training(config, cell, store)[0] for cell in reversed(CELLS)]
+    engine_config = pipeline._engine_config(config)
+    with trainers.TrainerPool(engine_config, 2) as pool:
+        made = pool.recipes(cells)
+    assert made == recipes_of(load_tokenizer(engine_config.model.base), cells)
+    assert [r.out_dir for r in made] == [c.out_dir for c in cells]
+
+
 def test_the_steps_a_worker_trains_reach_the_cell_tracking(tmp_path, monkeypatch):
     config = _with_processes(tmp_path / "store", 2)
     seen: dict[str, list[int]] = {}

