@@ -209,9 +209,10 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
         best = fewest_jobs_cells_per_job(config, n_multi, work.dispatches)
         began = (f"the job's process, imports and base model, measured on the local-gpu pool; the screen's first"
                  f" job's {job_start.value:.0f} s" if local else "pod start and model download, assumed")
-        notes.append(f"per GPU job {startup_s:.0f} s of start-up ({pod:.0f} s of it {began}; the pre-screen's {pre_screen_startup_s:.0f} s: it trains nothing, so no"
-                     f" compile warm-up or engine sleep); {n_jobs} jobs of up to execution.cells_per_job="
-                     f"{config.execution.cells_per_job} cells")
+        each = "a GPU's first job" if local else "per GPU job"
+        notes.append(f"{each}: {startup_s:.0f} s of start-up ({pod:.0f} s of it {began}; the pre-screen's"
+                     f" {pre_screen_startup_s:.0f} s: it trains nothing, so no compile warm-up or engine sleep);"
+                     f" {n_jobs} jobs of up to execution.cells_per_job={config.execution.cells_per_job} cells")
         fewer = gpu_jobs(config, n_multi, best, work.dispatches)
         if fewer < n_jobs:
             notes.append(f"execution.cells_per_job: {best} gives the fewest jobs for {config.execution.max_parallel_cells}"
