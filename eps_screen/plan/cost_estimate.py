@@ -281,12 +281,13 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
         once = cold.value - warm.value + (off_once if off_starts else 0)
         notes.append(f"engine starts counted warm (execution.engine_cache_dir); while that directory is still empty"
                      f" the first start of each engine compiles: about {once:.0f} s more, once")
+    first_gpu_s = pre_screen_startup_s + host_first_s  # the pre-screen's GPU's start-ups, its later jobs' included
     hours = {
         "train": train_s / 3600,
         "eval": eval_s / 3600,
         "regimes": regimes_s / 3600,
         "pre_screen": prescreen_s / 3600,
-        "startup": (pre_screen_startup_s + host_first_s + fresh_jobs * startup_s + (jobs - 1 - fresh_jobs) * warm_startup_s
+        "startup": (first_gpu_s + fresh_jobs * startup_s + (jobs - 1 - fresh_jobs) * warm_startup_s
                     + off_starts * off_job_s) / 3600,
     }
     # The multi-seed cells, not known before, each as the mean slab cell with an answer set of the mean regime.
@@ -294,7 +295,7 @@ def estimate(config: ScreenConfig, work: ScreenWork | None = None) -> Estimate:
                         + sum(map(regime_s, regimes)) / max(1, len(regimes)))
     costs = wall_clock.JobCosts(startup_s, warm_startup_s, off_job_s if off_starts else 0.0,
                                 lambda cell: cell_seconds(cell.id), regime_s, multiseed_cell_s)
-    spans = [] if tiny else wall_clock.schedule(config, costs, pre_screen_startup_s + host_first_s + prescreen_s, n_multi,
+    spans = [] if tiny else wall_clock.schedule(config, costs, first_gpu_s + prescreen_s, n_multi,
                                                       work.dispatches)
     gpu_hours = sum(hours.values())
     totals = {
