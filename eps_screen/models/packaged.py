@@ -128,14 +128,20 @@ def weights_problem(ref: str) -> str | None:
     return None
 
 
-def weights_problems(config) -> list[str]:
-    """The packaged models a config loads on this machine whose weights are not here (a RunPod pod fetches its own)."""
+def local_models(config) -> list[str]:
+    """The models a config loads on this machine, base first: none where the simulator asks no model or a RunPod pod
+    makes its own."""
     if config.execution.pool == "runpod-gpu" or config.simulated:
         return []
     refs = [config.model.base]
     if config.off_policy.kind == "model" and config.off_policy.model:
         refs.append(config.off_policy.model)
-    return [p for p in map(weights_problem, dict.fromkeys(refs)) if p]
+    return list(dict.fromkeys(refs))
+
+
+def weights_problems(config) -> list[str]:
+    """The packaged models a config loads on this machine whose weights are not here (a RunPod pod fetches its own)."""
+    return [p for p in map(weights_problem, local_models(config)) if p]
 
 
 def weights_of(config) -> str:

@@ -6,7 +6,7 @@ GPU machine, SmolLM2's conversion was part of the first job's 89 s before its fi
 
 from __future__ import annotations
 
-from eps_screen.models.packaged import PACKAGED, WeightsMissing, hf_dir, is_gguf, weights_problems
+from eps_screen.models.packaged import PACKAGED, WeightsMissing, hf_dir, is_gguf, local_models, weights_problems
 from eps_screen.models.tiny import build_screen_models, cache_root
 from eps_screen.spec.config import ScreenConfig
 
@@ -14,12 +14,10 @@ from eps_screen.spec.config import ScreenConfig
 def prepare(config: ScreenConfig) -> list[str]:
     """Each model the config loads on this machine, made ready; one line each. WeightsMissing where a packaged
     model's file is not fetched, before anything is made."""
-    if config.simulated or config.execution.pool == "runpod-gpu":
-        return []  # the simulator loads no model; a pod makes its own
+    refs = local_models(config)
+    if not refs:
+        return []
     if problems := weights_problems(config):
         raise WeightsMissing("; ".join(problems))
-    refs = [config.model.base]
-    if config.off_policy.kind == "model" and config.off_policy.model:
-        refs.append(config.off_policy.model)
-    lines = [f"{ref}: converted, in {hf_dir(ref)}" for ref in dict.fromkeys(refs) if ref in PACKAGED or is_gguf(ref)]
+    lines = [f"{ref}: converted, in {hf_dir(ref)}" for ref in refs if ref in PACKAGED or is_gguf(ref)]
     return lines + [f"{name}: built, in {cache_root()}" for name in build_screen_models(config, every=True)]
