@@ -156,3 +156,16 @@ def test_trainer_processes_with_vllm_need_a_fixed_kv_cache_before_anything_runs(
     data["backend"]["generation"] = "transformers"  # an in-process engine holds no memory of its own to fix
     data["eval"]["vllm_kv_cache_gib"] = None
     assert parse_config(data).training.processes == 3
+
+
+@pytest.mark.parametrize(("sizes", "max_batch", "error"), [
+    ([1, 8, 8, 64], 64, r"eval.vllm_cudagraph_capture_sizes .*each larger than the one before"),
+    ([0, 8], 8, r"eval.vllm_cudagraph_capture_sizes .*at least 1"),
+    ([], 1024, r"eval.vllm_cudagraph_capture_sizes"),
+    ([1, 8, 512], 1024, r"ends at 512, eval.vllm_cudagraph_max_batch is 1024: set vllm_cudagraph_max_batch: 512"),
+])
+def test_capture_sizes_that_vllm_would_refuse_are_named_before_an_engine_starts(sizes, max_batch, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_config({"eval": {"vllm_cudagraph_capture_sizes": sizes, "vllm_cudagraph_max_batch": max_batch}})
+    assert parse_config({"eval": {"vllm_cudagraph_capture_sizes": [1, max_batch],
+                                  "vllm_cudagraph_max_batch": max_batch}}).eval.vllm_cudagraph_capture_sizes[-1] == max_batch

@@ -18,6 +18,7 @@ def test_speed_and_pacing_settings_keep_the_keys():
         qwen7b_config(off_policy={"kind": "anthropic", "model": "claude-x"}, eval={"vllm_max_num_seqs": 512,
                                                                           "vllm_gpu_memory_utilization": 0.5,
                                                                           "vllm_cudagraph_max_batch": 512,
+                                                                          "vllm_cudagraph_capture_sizes": [1, 64, 512],
                                                                           "vllm_cudagraph_specialize_lora": False,
                                                                           "vllm_engine_core": "own_process",
                                                                           "vllm_async_scheduling": False}),

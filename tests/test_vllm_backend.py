@@ -171,6 +171,8 @@ def test_generate_many_runs_jobs_with_their_own_prompts(setup):
     ({"vllm_enforce_eager": True}, None),
     ({"vllm_cudagraph_specialize_lora": False}, {"max_cudagraph_capture_size": 1024, "cudagraph_specialize_lora": False}),
     ({"vllm_cudagraph_specialize_lora": False, "vllm_cudagraph_max_batch": None}, {"cudagraph_specialize_lora": False}),
+    ({"vllm_cudagraph_capture_sizes": [1, 8, 64, 512], "vllm_cudagraph_max_batch": 512},
+     {"max_cudagraph_capture_size": 512, "cudagraph_capture_sizes": [1, 8, 64, 512]}),
 ])
 def test_gpu_engine_runs_decode_batches_as_cuda_graphs_up_to_the_configured_size(eval_settings, want, monkeypatch):
     """On a GPU the engine gets CUDA graphs up to vllm_cudagraph_max_batch (vLLM alone stops at 512), with sleep mode;

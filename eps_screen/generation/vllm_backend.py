@@ -172,6 +172,8 @@ class VLLMGenerator:
                 graphs = {}
                 if ev.vllm_cudagraph_max_batch:
                     graphs["max_cudagraph_capture_size"] = ev.vllm_cudagraph_max_batch
+                if ev.vllm_cudagraph_capture_sizes:
+                    graphs["cudagraph_capture_sizes"] = list(ev.vllm_cudagraph_capture_sizes)
                 if self.serves_adapters and not ev.vllm_cudagraph_specialize_lora:
                     graphs["cudagraph_specialize_lora"] = False
                 if graphs:

