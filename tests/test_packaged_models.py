@@ -183,6 +183,7 @@ def test_models_command_lists_and_fetches(cache, tmp_path, monkeypatch, capsys):
 def _smol_marker(tmp_path):
     data = yaml.safe_load((CONFIGS / "smol-marker.yaml").read_text())
     data["store"] = str(tmp_path / "store")
+    data["execution"]["engine_cache_dir"] = str(tmp_path / "engines")
     path = tmp_path / "smol-marker.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -200,13 +201,22 @@ def test_models_prepare_stops_at_weights_not_fetched(cache, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path, capsys):
-    """smol-marker.yaml's base converted and its off-policy tiny model built, so its first jobs do neither."""
+def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path, capsys, monkeypatch):
+    """smol-marker.yaml's base converted, its off-policy tiny model built, and vLLM's facts on both architectures in
+    the engines' cache (execution.engine_cache_dir), so its first jobs do none of it."""
+    pytest.importorskip("vllm")
     from eps_screen.models.tiny import tiny_model_path
     from flows.cli import main
 
+    for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
+        monkeypatch.delenv(var, raising=False)  # prepare points them into the engine cache: restored after the test
+    facts = tmp_path / "engines" / "vllm" / "modelinfos"
     assert main(["models", "prepare", str(_smol_marker(tmp_path))]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"{SMOLLM2}: converted, in {pm.hf_dir(SMOLLM2)}",
-                                                    f"tiny-alt: built, in {tiny_model_path('tiny-alt').parent.parent}"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"{SMOLLM2}: converted, in {pm.hf_dir(SMOLLM2)}",
+        f"tiny-alt: built, in {tiny_model_path('tiny-alt').parent.parent}",
+        f"{SMOLLM2}: vLLM's facts on LlamaForCausalLM cached, in {facts}",
+        f"tiny-alt: vLLM's facts on Qwen2ForCausalLM cached, in {facts}"]
     assert pm.converted_dir(SMOLLM2) == pm.hf_dir(SMOLLM2)
     assert (tiny_model_path("tiny-alt") / "config.json").exists()
+    assert sorted(f.name.rsplit("-", 1)[-1] for f in facts.iterdir()) == ["LlamaForCausalLM.json", "Qwen2ForCausalLM.json"]

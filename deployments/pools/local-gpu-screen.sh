@@ -16,8 +16,8 @@ export PREFECT_HOME="$box/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false PREFEC
 export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" \
          "$PREFECT_API_URL" 2>/dev/null; }
-# The config's models (weights converted, tiny models built) are made while the server starts, not in the first
-# jobs with the GPU waiting.
+# The config's models (weights converted, tiny models built, vLLM's facts on their architectures cached) are made
+# while the server starts, not in the first jobs with the GPU waiting.
 $eps models prepare "$config" > "$box/prepare.log" 2>&1 &
 preparing=$!
 if ! up; then

@@ -38,9 +38,14 @@ def member_config(config, engines: int, free_bytes: int, total_bytes: int, margi
     return config.model_copy(update={"eval": ev.model_copy(update=update)})
 
 
+def vllm_cache_root() -> Path:
+    """Where vLLM keeps what it compiles and looks up (engine_cache_dir's, where set, else vLLM's default)."""
+    return Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+
+
 def compile_cache_warm() -> bool:
-    """Whether vLLM's compile cache holds an earlier build (engine_cache_dir or vLLM's default root)."""
-    root = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm") / "torch_compile_cache"
+    """Whether vLLM's compile cache holds an earlier build."""
+    root = vllm_cache_root() / "torch_compile_cache"
     return root.is_dir() and any(root.iterdir())
 
 
