@@ -41,5 +41,10 @@ def _engine_facts(config: ScreenConfig, refs: list[str]) -> list[str]:
     from eps_screen.run.engines import use_compile_caches
 
     use_compile_caches(config)
-    where = vllm_cache_root() / "modelinfos"
-    return [f"{ref}: vLLM's facts on {', '.join(cache_architecture(resolve(ref)))} cached, in {where}" for ref in refs]
+    where, lines = vllm_cache_root() / "modelinfos", []
+    for ref in refs:
+        try:
+            lines.append(f"{ref}: vLLM's facts on {', '.join(cache_architecture(resolve(ref)))} cached, in {where}")
+        except Exception as err:  # a saving of seconds: the engine looks them up itself, and says what is wrong
+            lines.append(f"{ref}: vLLM's facts not cached ({type(err).__name__}: {err}); its engine looks them up")
+    return lines
