@@ -170,6 +170,33 @@ def use_compile_caches(config: ScreenConfig) -> Path | None:
     return root
 
 
+def cache_architectures(config: ScreenConfig) -> list[str]:
+    """vLLM's facts on the architecture of each model the config's vLLM engines serve here, looked up now into the
+    engines' cache (eps-screen models prepare), one line each; nothing where its engines are not vLLM's or vLLM is not
+    installed (the first job then says so). A machine's first engine otherwise looks them up in a new process: 29 s
+    of SmolLM2's first engine start on the H100 (BENCHMARKS.md)."""
+    import importlib.util
+
+    from eps_screen.generation.backends import resolve_backend
+    from eps_screen.generation.engine_group import vllm_cache_root
+    from eps_screen.models.loading import resolve
+    from eps_screen.models.packaged import local_models
+
+    refs = local_models(config)
+    if not refs or resolve_backend(config.backend.generation) != "vllm" or importlib.util.find_spec("vllm") is None:
+        return []
+    from eps_screen.generation.vllm_backend import cache_architecture
+
+    use_compile_caches(config)
+    where, lines = vllm_cache_root() / "modelinfos", []
+    for ref in refs:
+        try:
+            lines.append(f"{ref}: vLLM's facts on {', '.join(cache_architecture(resolve(ref)))} cached, in {where}")
+        except Exception as err:  # a saving of seconds: the engine looks them up itself, and says what is wrong
+            lines.append(f"{ref}: vLLM's facts not cached ({type(err).__name__}: {err}); its engine looks them up")
+    return lines
+
+
 def release(model_ref: str) -> None:
     """Free the card of model_ref's engine for good: an engine in a process of its own ends that process; a later
     request for the model starts a new engine. An engine in this process (on a CPU) stays in use."""

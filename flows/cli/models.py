@@ -35,13 +35,16 @@ def run(args) -> int:
 
 def _prepare(path: str | None) -> int:
     from eps_screen.models.prepare import prepare
+    from eps_screen.run.engines import cache_architectures
 
     if not path:
         print("error: prepare needs a config, e.g. eps-screen models prepare deployments/configs/smol-marker.yaml",
               file=sys.stderr)
         return 2
     try:
-        lines = prepare(session.load(path))
+        config = session.load(path)
+        lines = prepare(config)
+        lines += cache_architectures(config)
     except WeightsMissing as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
