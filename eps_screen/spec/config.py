@@ -507,7 +507,7 @@ class EvalConfig(_Strict):
         None,
         description="GPU: the batch sizes vLLM captures as CUDA graphs, in increasing order, the last equal to"
         " eval.vllm_cudagraph_max_batch; a batch runs in the next size up, padded. None: vLLM's 83 sizes to 1,024,"
-        " whose capture took 39 s of SmolLM2's first engine start and 25-30 s of each later one (H100,"
+        " whose capture took 39 s of SmolLM2's first engine start and 29-30 s of each of the three after it (H100,"
         " BENCHMARKS.md). Fewer sizes start an engine sooner and pad its batches more.")
     vllm_cudagraph_specialize_lora: bool = Field(
         True,
