@@ -227,32 +227,35 @@ def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_pat
     assert sorted(f.name.rsplit("-", 1)[-1] for f in facts.iterdir()) == ["LlamaForCausalLM.json", "Qwen2ForCausalLM.json"]
 
 
-def test_models_prepare_names_a_failed_vllm_lookup_and_goes_on(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+def test_models_prepare_names_a_failed_vllm_lookup_and_goes_on(tmp_path, monkeypatch):
     """vLLM's facts on an architecture are a saving of seconds: a lookup that fails is one line, and prepare (and the
-    screen behind it in local-gpu-screen.sh) goes on; the engine looks them up itself."""
+    screen behind it in local-gpu-screen.sh) goes on; the engine looks them up itself. A config whose engines are
+    transformers' gets no lookup."""
     pytest.importorskip("vllm")
-    from eps_screen.generation import vllm_backend
-    from flows.cli import main
     from tests.conftest import tiny_config
 
-    def lookup(path):
-        if "tiny-alt" in path:
-            raise RuntimeError("no such architecture here")
-        return ["Qwen2ForCausalLM"]
-
-    monkeypatch.setattr(vllm_backend, "cache_architecture", lookup)
     for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
         monkeypatch.delenv(var, raising=False)
-    config = tiny_config(tmp_path / "store", backend={"generation": "vllm", "training": "trl"},
+    odd = tmp_path / "odd-model"
+    odd.mkdir()
+    (odd / "config.json").write_text('{"model_type": "llama", "architectures": ["NoSuchModelForCausalLM"]}')
+    config = tiny_config(tmp_path / "store", model={"base": str(odd)}, backend={"generation": "vllm", "training": "trl"},
                          execution={"engine_cache_dir": str(tmp_path / "engines")})
-    path = tmp_path / "tiny-vllm.yaml"
+    path = tmp_path / "odd.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    assert main(["models", "prepare", str(path)]) == 0
+
+    def prepare() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", str(path)], capture_output=True,
+                              text=True, cwd=ROOT)
+
+    done = prepare()
+    assert done.returncode == 0, done.stderr[-3000:]
     facts = tmp_path / "engines" / "vllm" / "modelinfos"
-    assert capsys.readouterr().out.splitlines()[-2:] == [
-        f"tiny: vLLM's facts on Qwen2ForCausalLM cached, in {facts}",
-        "tiny-alt: vLLM's facts not cached (RuntimeError: no such architecture here); its engine looks them up"]
-    transformers_only = tiny_config(tmp_path / "store")  # tiny.yaml's own backend: no engine of vLLM's to prepare for
-    path.write_text(yaml.safe_dump(transformers_only.model_dump(mode="json")))
-    assert main(["models", "prepare", str(path)]) == 0
-    assert "vLLM" not in capsys.readouterr().out
+    odd_line, alt_line = done.stdout.splitlines()[-2:]
+    assert odd_line.startswith(f"{odd}: vLLM's facts not cached (") and "NoSuchModelForCausalLM" in odd_line
+    assert odd_line.endswith("; its engine looks them up")
+    assert alt_line == f"tiny-alt: vLLM's facts on Qwen2ForCausalLM cached, in {facts}"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path / "store").model_dump(mode="json")))  # transformers' engines
+    done = prepare()
+    assert done.returncode == 0 and "vLLM" not in done.stdout, done.stdout + done.stderr[-3000:]

@@ -350,13 +350,3 @@ class VLLMGenerator:
         import gc
 
         gc.collect()
-
-
-def cache_architecture(path: str) -> list[str]:
-    """The model's architectures, with vLLM's facts about each looked up now and kept in its cache
-    (VLLM_CACHE_ROOT/modelinfos). Where the cache lacks them, an engine's start asks a new Python process, which
-    imports vLLM first: 29 s of SmolLM2's first engine start on the H100 machine went there (BENCHMARKS.md)."""
-    from vllm.config import ModelConfig
-
-    return list(ModelConfig(model=path, tokenizer=path).architectures)
-

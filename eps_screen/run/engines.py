@@ -26,6 +26,8 @@ pod (a network volume): a job that finds them warm skips most of the engine's st
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -170,31 +172,63 @@ def use_compile_caches(config: ScreenConfig) -> Path | None:
     return root
 
 
-def cache_architectures(config: ScreenConfig) -> list[str]:
-    """vLLM's facts on the architecture of each model the config's vLLM engines serve here, looked up now into the
-    engines' cache (eps-screen models prepare), one line each; nothing where its engines are not vLLM's or vLLM is not
-    installed (the first job then says so). A machine's first engine otherwise looks them up in a new process: 29 s
-    of SmolLM2's first engine start on the H100 (BENCHMARKS.md)."""
-    import importlib.util
+class ArchitectureLookups:
+    """vLLM's facts on the architecture of each model the config's vLLM engines serve here, looked up into the
+    engines' cache (eps-screen models prepare). A machine's first engine of an architecture otherwise looks them up
+    in a new process that imports vLLM: 29 s of SmolLM2's first engine start on the H100 (BENCHMARKS.md). Each lookup
+    is such a process, started once its model's directory is made (`start`), so that it runs while the next model is
+    made; `lines` waits for them. Nothing where the config's engines are not vLLM's or vLLM is not installed (the first
+    job then says so)."""
 
-    from eps_screen.generation.backends import resolve_backend
-    from eps_screen.generation.engine_group import vllm_cache_root
-    from eps_screen.models.loading import resolve
-    from eps_screen.models.packaged import local_models
+    # A lookup's process prints its answer, or its error on one line (vLLM's errors run over several).
+    CODE = ("import sys\n"
+            "try:\n"
+            "    from vllm.config import ModelConfig\n"
+            "    print('found', *ModelConfig(model=sys.argv[1], tokenizer=sys.argv[1]).architectures)\n"
+            "except Exception as err:\n"
+            "    print('failed', type(err).__name__ + ':', ' '.join(str(err).split())[:300])\n")
 
-    refs = local_models(config)
-    if not refs or resolve_backend(config.backend.generation) != "vllm" or importlib.util.find_spec("vllm") is None:
-        return []
-    from eps_screen.generation.vllm_backend import cache_architecture
+    def __init__(self, config: ScreenConfig):
+        import importlib.util
 
-    use_compile_caches(config)
-    where, lines = vllm_cache_root() / "modelinfos", []
-    for ref in refs:
-        try:
-            lines.append(f"{ref}: vLLM's facts on {', '.join(cache_architecture(resolve(ref)))} cached, in {where}")
-        except Exception as err:  # a saving of seconds: the engine looks them up itself, and says what is wrong
-            lines.append(f"{ref}: vLLM's facts not cached ({type(err).__name__}: {err}); its engine looks them up")
-    return lines
+        from eps_screen.generation.backends import resolve_backend
+        from eps_screen.models.packaged import local_models
+
+        refs = local_models(config)
+        vllm = bool(refs) and resolve_backend(config.backend.generation) == "vllm" \
+            and importlib.util.find_spec("vllm") is not None
+        self.refs = refs if vllm else []
+        if vllm:
+            use_compile_caches(config)
+        self.running: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        """A lookup for each model whose directory is made and that has none yet."""
+        from eps_screen.models.loading import resolve
+
+        for ref in self.refs:
+            path = resolve(ref)
+            if ref not in self.running and (Path(path) / "config.json").is_file():
+                # its log goes nowhere: a full pipe would stall it while nobody reads (the tiny models are built)
+                self.running[ref] = subprocess.Popen([sys.executable, "-c", self.CODE, path], text=True,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def lines(self) -> list[str]:
+        """One line a model, once its lookup has ended. A failed lookup is named, not raised: it saves seconds, and
+        the engine looks the facts up itself."""
+        from eps_screen.generation.engine_group import vllm_cache_root
+
+        self.start()
+        where, out = vllm_cache_root() / "modelinfos", []
+        for ref, proc in self.running.items():
+            stdout, _ = proc.communicate()
+            said = (stdout.strip().splitlines() or [""])[-1].split(" ", 1)
+            if said[0] == "found":
+                out.append(f"{ref}: vLLM's facts on {', '.join(said[1].split())} cached, in {where}")
+            else:
+                why = said[1] if said[0] == "failed" else f"its process ended with exit code {proc.returncode}"
+                out.append(f"{ref}: vLLM's facts not cached ({why}); its engine looks them up")
+        return out
 
 
 def release(model_ref: str) -> None:

@@ -34,8 +34,8 @@ def run(args) -> int:
 
 
 def _prepare(path: str | None) -> int:
-    from eps_screen.models.prepare import prepare
-    from eps_screen.run.engines import cache_architectures
+    from eps_screen.models.prepare import build, convert
+    from eps_screen.run.engines import ArchitectureLookups
 
     if not path:
         print("error: prepare needs a config, e.g. eps-screen models prepare deployments/configs/smol-marker.yaml",
@@ -43,8 +43,11 @@ def _prepare(path: str | None) -> int:
         return 2
     try:
         config = session.load(path)
-        lines = prepare(config)
-        lines += cache_architectures(config)
+        lines = convert(config)
+        lookups = ArchitectureLookups(config)
+        lookups.start()  # the converted models' lookups run while the tiny models are built
+        lines += build(config)
+        lines += lookups.lines()
     except WeightsMissing as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
