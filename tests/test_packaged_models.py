@@ -203,14 +203,12 @@ def test_models_prepare_stops_at_weights_not_fetched(cache, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path, monkeypatch):
+def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_path):
     """smol-marker.yaml's base converted, its off-policy tiny model built, and vLLM's facts on both architectures in
     the engines' cache (execution.engine_cache_dir), so its first jobs do none of it."""
     pytest.importorskip("vllm")
     from eps_screen.models.tiny import tiny_model_path
 
-    for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
-        monkeypatch.delenv(var, raising=False)
     facts = tmp_path / "engines" / "vllm" / "modelinfos"
     # Its own process, as the command runs: vLLM remembers an architecture it looked up in a process, and this
     # session's vLLM tests have looked up tiny-alt's, which would then not be written to this cache.
@@ -228,15 +226,13 @@ def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_pat
 
 
 @pytest.mark.slow
-def test_models_prepare_names_a_failed_vllm_lookup_and_goes_on(tmp_path, monkeypatch):
+def test_models_prepare_names_a_failed_vllm_lookup_and_goes_on(tmp_path):
     """vLLM's facts on an architecture are a saving of seconds: a lookup that fails is one line, and prepare (and the
     screen behind it in local-gpu-screen.sh) goes on; the engine looks them up itself. A config whose engines are
     transformers' gets no lookup."""
     pytest.importorskip("vllm")
     from tests.conftest import tiny_config
 
-    for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
-        monkeypatch.delenv(var, raising=False)
     odd = tmp_path / "odd-model"
     odd.mkdir()
     (odd / "config.json").write_text('{"model_type": "llama", "architectures": ["NoSuchModelForCausalLM"]}')

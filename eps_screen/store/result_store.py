@@ -64,8 +64,9 @@ _SPEED_ONLY = {
                  "share_prefix", "processes"),
     "eval": ("batch_size", "batch_prompt_tokens", "vllm_max_loras", "vllm_max_cpu_loras",
              "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "vllm_cudagraph_max_batch",
-             "vllm_cudagraph_capture_sizes", "vllm_cudagraph_specialize_lora", "vllm_max_model_len", "vllm_enforce_eager", "vllm_cpu_kvcache_gb", "vllm_engine_core",
-             "vllm_async_scheduling", "vllm_engines", "vllm_kv_cache_gib"),
+             "vllm_cudagraph_capture_sizes", "vllm_cudagraph_specialize_lora", "vllm_max_model_len",
+             "vllm_enforce_eager", "vllm_cpu_kvcache_gb", "vllm_engine_core", "vllm_async_scheduling", "vllm_engines",
+             "vllm_kv_cache_gib"),
     # how a hosted API is paced and where its key is read: the answers come from the model and the prompts alone
     "off_policy": ("max_concurrent", "requests_per_minute", "max_retries", "retry_backoff_s", "timeout_s", "api_key_env"),
 }
