@@ -5,6 +5,9 @@ machinery is the backend's business only inside each child."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from eps_screen.generation import GenerationParams, Prompt
@@ -66,6 +69,52 @@ def test_a_group_answers_as_one_engine_would_and_sleeps_and_wakes_every_engine(t
     finally:
         here.close()
     assert [len(a) for a in far[0]] == [2, 2, 2] and [len(a) for a in far[2]] == [2]
+
+
+class _FirstMember:
+    """A first engine as the group polls it: built at its `built_at`th poll, its compiled model saved (where
+    `saves`) at its second, as vLLM saves it before profiling and capturing graphs."""
+
+    def __init__(self, saves: Path | None, built_at: int):
+        self.saves, self.built_at, self.polls = saves, built_at, 0
+
+    def poll_built(self, timeout: float) -> bool:
+        self.polls += 1
+        if self.saves is not None and self.polls == 2:
+            self.saves.parent.mkdir(parents=True)
+            self.saves.write_bytes(b"compiled")
+        return self.polls >= self.built_at
+
+
+def test_on_a_cold_cache_the_others_start_once_the_first_engine_has_saved_its_compiled_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    aot = tmp_path / "torch_compile_cache" / "torch_aot_compile"
+    older = aot / "other-model" / "rank_0_0" / "model"  # another model's, saved before: no signal
+    older.parent.mkdir(parents=True)
+    older.write_bytes(b"compiled")
+
+    saving = SimpleNamespace(members=[_FirstMember(aot / "this-model" / "rank_0_0" / "model", built_at=50)])
+    EngineGroup._first_compiles(saving, poll_s=0.0)
+    assert saving.members[0].polls == 2 and saving.first_alone["others_started_on"] == "compile_saved"
+
+    no_aot = SimpleNamespace(members=[_FirstMember(None, built_at=4)])  # vLLM's AOT compile off: nothing saved
+    EngineGroup._first_compiles(no_aot, poll_s=0.0)
+    assert no_aot.members[0].polls == 4 and no_aot.first_alone["others_started_on"] == "first_built"
+
+
+@pytest.mark.slow
+def test_a_group_built_one_first_starts_the_others_after_it_where_no_compiled_model_is_saved(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    config = tiny_config(tmp_path, backend={"generation": "transformers", "training": "trl"})
+    group = EngineGroup("transformers", "tiny-alt", config, 2, build_one_first=True)
+    try:
+        first, other = group.members
+        assert first.built and other.built and group.stats["others_started_on"] == "first_built"
+        assert other._building >= first._building + first.stats["process_start_s"]
+        params = GenerationParams(max_new_tokens=4, temperature=1.0, samples=1, seed=3)
+        assert [len(a) for a in group.generate_many([(PROMPTS, None), (PROMPTS[:1], None)], params)] == [3, 1]
+    finally:
+        group.close()
 
 
 def test_the_base_models_vllm_engine_alone_is_ever_a_group(tmp_path, monkeypatch):

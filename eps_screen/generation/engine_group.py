@@ -12,12 +12,13 @@ seed of its own (eval.vllm_seed_each_answer).
 Memory: engines that start together would each measure the others' allocations as their own (vLLM profiles the
 memory of the whole card), so each gets a fixed KV cache (eval.vllm_kv_cache_gib, else 60% of its share) and a
 share of what is free now, less the margin one engine needs beside it. On a cold compile cache one engine builds
-first, alone: the others then start from the cache it wrote, not racing to write it.
+first, alone, until its compiled model is saved: the others then start from it, not racing to write it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from eps_screen.generation import params_per_job
@@ -49,6 +50,13 @@ def compile_cache_warm() -> bool:
     return root.is_dir() and any(root.iterdir())
 
 
+def compiled_models() -> set[Path]:
+    """The compiled models vLLM has saved under its cache root. vLLM 0.26 on torch 2.10 or later saves each one
+    whole (written aside, then renamed) once its compile is done, before the engine profiles its memory and
+    captures its CUDA graphs: torch_compile_cache/torch_aot_compile/HASH/rank_R/model."""
+    return set((vllm_cache_root() / "torch_compile_cache" / "torch_aot_compile").glob("*/rank_*/model"))
+
+
 def deal(sizes: list[int], engines: int) -> list[list[int]]:
     """Job indices per engine: whole jobs, the largest first, each to the least loaded engine."""
     loads, shares = [0] * engines, [[] for _ in range(engines)]
@@ -66,9 +74,10 @@ class EngineGroup:
         self.name = f"{backend} x{engines} (own processes)"
         self.model_ref = model_ref
         self.members = [ProcessGenerator(backend, model_ref, member, build=False) for _ in range(engines)]
+        self.first_alone: dict = {}  # how long the first member built alone, and what ended its wait
         try:
             if build_one_first:
-                self.members[0].build()
+                self._first_compiles()
             for m in self.members:
                 m.start_build()
             for m in self.members:
@@ -76,6 +85,19 @@ class EngineGroup:
         except BaseException:
             self.close()
             raise
+
+    def _first_compiles(self, poll_s: float = 0.5) -> None:
+        """The first member builds alone until it has saved its compiled model, or is built: the others then load
+        what it compiled, not compile it again beside it, and they start while it captures its CUDA graphs. In H100
+        run 6 the first engine saved its compile 65 s before it was ready (BENCHMARKS.md, "The job host"). Where
+        vLLM saves no compiled model (its AOT compile off), they wait for the first to be built."""
+        began, before = time.perf_counter(), compiled_models()
+        first, until = self.members[0], "first_built"
+        while not first.poll_built(poll_s):
+            if compiled_models() - before:
+                until = "compile_saved"
+                break
+        self.first_alone = {"first_alone_s": time.perf_counter() - began, "others_started_on": until}
 
     @property
     def stats(self) -> dict:
@@ -90,7 +112,7 @@ class EngineGroup:
             runs = [s.get(key, []) for s in each]
             out[key] = [max(r) for r in zip(*runs, strict=False)]
         out["gpu_memory_share"] = each[0].get("gpu_memory_share") if each else None
-        return out
+        return {**out, **self.first_alone}
 
     def generate(self, prompts, params, adapter=None):
         return self.generate_many([(prompts, adapter)], params)[0]

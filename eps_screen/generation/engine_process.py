@@ -111,7 +111,8 @@ class ProcessGenerator:
         child.close()
         self._end = multiprocessing.util.Finalize(self, _end_child, args=(self._conn, self.process), exitpriority=10)
         self.stats: dict = {}
-        self.built = self._imported = False
+        self.built = False
+        self._imported = 0.0  # when the child said its imports were done (perf_counter), 0 before
         self._building: float | None = None
         if build:
             self.build()
@@ -120,8 +121,16 @@ class ProcessGenerator:
         """Whether the child's imports are done (waiting up to timeout seconds); an error there is raised."""
         if not self._imported and self._conn.poll(timeout):
             self.stats["child_import_s"] = self._reply()
-            self._imported = True
-        return self._imported
+            self._imported = time.perf_counter()
+        return bool(self._imported)
+
+    def poll_built(self, timeout: float) -> bool:
+        """Have the child build its engine, and say whether it is built, waiting up to timeout seconds for each of
+        its imports and its build (an error in either is raised)."""
+        self.start_build()
+        if not self.built and self.ready_to_build(timeout) and self._conn.poll(timeout):
+            self.finish_build()
+        return self.built
 
     def build(self) -> None:
         """Build the engine; what the caller waits is process_start_s, of which imports_waited_s for the child's
@@ -143,10 +152,9 @@ class ProcessGenerator:
         if self.built:
             return
         self.start_build()
-        started, waited = self._building, 0.0
-        if not self._imported:
-            self.ready_to_build(timeout=None)
-            waited = time.perf_counter() - started
+        started = self._building
+        self.ready_to_build(timeout=None)
+        waited = max(0.0, self._imported - started)
         self._reply()
         self.built = True
         self.stats.update(process_start_s=time.perf_counter() - started, imports_waited_s=waited,
