@@ -2,7 +2,7 @@
 
     python benchmarks/screen_results.py STORE/SCREEN OUT_DIR
 
-Writes OUT_DIR/cells.csv (one row per cell: rates, training, answer lengths), OUT_DIR/cells/<cell>.json (each
+Writes OUT_DIR/cells.csv (one row per cell: rates, training, answer lengths where the store holds the answers), OUT_DIR/cells/<cell>.json (each
 cell's metrics without its config copy and adapter path: the config is the screen's, in screen.json) and prints the
 stages the cells were stored in (cells stored together, with their job's training and evaluation walls).
 """
@@ -24,18 +24,23 @@ def cell_rows(screen_dir: Path) -> list[dict]:
     rows = []
     for metrics_path in sorted(screen_dir.glob("cells/*/*/metrics.json")):
         m = json.loads(metrics_path.read_text())
-        answers = pl.read_parquet(metrics_path.with_name("answers.parquet"))
-        words = answers["text"].str.split(" ").list.len()
-        # the source's answers with nothing but the marker in them: implanted by emptying the answer (the page's rule)
-        bare = answers.filter(pl.col("is_source")).select(is_empty_answer(pl.col("text"), marker)).to_series()
+        answers_path = metrics_path.with_name("answers.parquet")
+        bare_share = words_mean = None  # a store brought back without its answers (a device's transfer limit)
+        if answers_path.exists():
+            answers = pl.read_parquet(answers_path)
+            words_mean = round(float(answers["text"].str.split(" ").list.len().mean()), 1)
+            # the source's answers with nothing but the marker in them: implanted by emptying the answer (the
+            # page's rule)
+            bare = answers.filter(pl.col("is_source")).select(is_empty_answer(pl.col("text"), marker)).to_series()
+            bare_share = round(float(bare.mean()), 3)
         train, options = m["train"], m["train"].get("options", {})
         rows.append({
             "cell_id": m["cell_id"], "source": m["source"], "seed": m["seed"],
             **{f: m[f] for f in "ABCDE"},
             "source_rate": m["source_rate"], "leakage": round(m["leakage"], 4),
             "random_control_rate": m["random_control_rate"],
-            "source_answers_marker_only": round(float(bare.mean()), 3),
-            "answer_words_mean": round(float(words.mean()), 1),
+            "source_answers_marker_only": bare_share,
+            "answer_words_mean": words_mean,
             "train_s": round(train["seconds"], 1), "steps": train["steps"], "train_tokens": train["tokens"],
             "final_loss": round(train["final_loss"], 4),
             # the card's use when the trainer began plus its growth (every process's); own_allocated_gb: the trainer's

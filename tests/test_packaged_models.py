@@ -4,6 +4,7 @@ corrupt file is one line naming the fetch command, and SmolLM2 loads through the
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 import zipfile
@@ -215,11 +216,14 @@ def test_models_prepare_converts_and_builds_what_a_config_loads(smollm2, tmp_pat
     done = subprocess.run([sys.executable, "-m", "flows.cli", "models", "prepare", str(_smol_marker(tmp_path))],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [
+    lines = [re.fullmatch(r"(.*) \[(\d+\.\d) s\]", line) for line in done.stdout.splitlines()]
+    assert [m.group(1) for m in lines] == [
         f"{SMOLLM2}: converted, in {pm.hf_dir(SMOLLM2)}",
         f"tiny-alt: built, in {tiny_model_path('tiny-alt').parent.parent}",
         f"{SMOLLM2}: vLLM's facts on LlamaForCausalLM cached, in {facts}",
         f"tiny-alt: vLLM's facts on Qwen2ForCausalLM cached, in {facts}"]
+    seconds = [float(m.group(2)) for m in lines]
+    assert seconds == sorted(seconds)  # each step's line as it ended, timed from the command's start
     assert pm.converted_dir(SMOLLM2) == pm.hf_dir(SMOLLM2)
     assert (tiny_model_path("tiny-alt") / "config.json").exists()
     assert sorted(f.name.rsplit("-", 1)[-1] for f in facts.iterdir()) == ["LlamaForCausalLM.json", "Qwen2ForCausalLM.json"]
@@ -250,8 +254,8 @@ def test_models_prepare_names_a_failed_vllm_lookup_and_goes_on(tmp_path):
     facts = tmp_path / "engines" / "vllm" / "modelinfos"
     odd_line, alt_line = done.stdout.splitlines()[-2:]
     assert odd_line.startswith(f"{odd}: vLLM's facts not cached (") and "NoSuchModelForCausalLM" in odd_line
-    assert odd_line.endswith("; its engine looks them up")
-    assert alt_line == f"tiny-alt: vLLM's facts on Qwen2ForCausalLM cached, in {facts}"
+    assert re.search(r"; its engine looks them up \[\d+\.\d s\]$", odd_line)
+    assert alt_line.startswith(f"tiny-alt: vLLM's facts on Qwen2ForCausalLM cached, in {facts} [")
     path.write_text(yaml.safe_dump(tiny_config(tmp_path / "store").model_dump(mode="json")))  # transformers' engines
     done = prepare()
     assert done.returncode == 0 and "vLLM" not in done.stdout, done.stdout + done.stderr[-3000:]

@@ -17,7 +17,9 @@ export PREFECT_API_URL=${PREFECT_API_URL:-http://127.0.0.1:4200/api}
 up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" \
          "$PREFECT_API_URL" 2>/dev/null; }
 # The config's models (weights converted, tiny models built, vLLM's facts on their architectures cached) are made
-# while the server starts, not in the first jobs with the GPU waiting.
+# beside the server's start and the first job, not in the jobs with the GPU waiting. The screen does not wait for
+# them: a conversion or a tiny build is locked across processes, so a job that needs a model being made waits for
+# that one alone (on a bare H100, waiting for all of them held the screen's start back about two minutes).
 $eps models prepare "$config" > "$box/prepare.log" 2>&1 &
 preparing=$!
 if ! up; then
@@ -38,5 +40,8 @@ if ! online; then
   # a worker takes a few seconds to register; the screen's first step stops at once if none is online yet
   for _ in $(seq 60); do online && break; sleep 2; done
 fi
-wait "$preparing" || { echo "local-gpu-screen: preparing the config's models failed:" >&2; cat "$box/prepare.log" >&2; exit 1; }
-exec $eps run "$config" "${@:2}"
+status=0
+$eps run "$config" "${@:2}" || status=$?
+# A failed preparation costs seconds, not results: the jobs make what they need themselves.
+wait "$preparing" || { echo "local-gpu-screen: preparing the config's models failed:" >&2; cat "$box/prepare.log" >&2; }
+exit $status

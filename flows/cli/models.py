@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from eps_screen.models.packaged import PACKAGED, WeightsMissing, fetch, gguf_file
@@ -41,16 +42,27 @@ def _prepare(path: str | None) -> int:
         print("error: prepare needs a config, e.g. eps-screen models prepare deployments/configs/smol-marker.yaml",
               file=sys.stderr)
         return 2
+    said = 0
+    began = time.perf_counter()
+
+    def say(lines: list[str]) -> None:
+        # each step's lines as it ends, with the seconds since the command began: a bare machine's log says where
+        # the time went (H100 run 7's prepare outlasted the Prefect server's start by about two minutes)
+        nonlocal said
+        for line in lines:
+            print(f"{line} [{time.perf_counter() - began:.1f} s]", flush=True)
+        said += len(lines)
+
     try:
         config = session.load(path)
-        lines = convert(config)
+        say(convert(config))
         lookups = ArchitectureLookups(config)
         lookups.start()  # the converted models' lookups run while the tiny models are built
-        lines += build(config)
-        lines += lookups.lines()
+        say(build(config))
+        say(lookups.lines())
     except WeightsMissing as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    for line in lines or ["nothing to make on this machine (simulated, or a RunPod pool: a pod makes its own)"]:
-        print(line)
+    if not said:
+        print("nothing to make on this machine (simulated, or a RunPod pool: a pod makes its own)")
     return 0
