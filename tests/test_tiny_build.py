@@ -3,6 +3,8 @@ and a model built so is the one built alone, where it is first loaded: same file
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from eps_screen.models import tiny as tinymodel
@@ -46,3 +48,23 @@ def test_models_already_built_or_a_single_missing_one_start_no_process(tmp_path,
         (tinymodel._target(*m) / "config.json").write_text("{}")
     tinymodel.build_missing(MODELS + MODELS)
     assert not started
+
+
+@pytest.mark.slow
+def test_a_model_two_processes_ask_for_at_once_is_built_once_and_both_get_it(tmp_path):
+    """What lets local-gpu-screen.sh start the screen beside `eps-screen models prepare`: a job that asks for a model
+    prepare is building waits for that build and takes its result (a second build would fail at its final rename)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from eps_screen.models.tiny import tiny_model_path; print(tiny_model_path('tiny-alt'))"
+    env = {**os.environ, "EPS_SCREEN_CACHE": str(tmp_path)}
+    asking = [subprocess.Popen([sys.executable, "-c", code], env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE) for _ in range(2)]
+    said = [p.communicate() for p in asking]
+    assert [p.returncode for p in asking] == [0, 0], [err[-2000:] for _, err in said]
+    paths = {out.strip() for out, _ in said}
+    assert len(paths) == 1 and (tmp_path / "tinymodel") in [p.parent for p in map(Path, paths)]
+    assert (Path(paths.pop()) / "config.json").exists()
+    assert not [p for p in tmp_path.glob("tinymodel/.*") if p.is_dir()], "a build's temporary directory was left"
