@@ -2,9 +2,10 @@
 
     python benchmarks/screen_results.py STORE/SCREEN OUT_DIR
 
-Writes OUT_DIR/cells.csv (one row per cell: rates, training, answer lengths where the store holds the answers), OUT_DIR/cells/<cell>.json (each
-cell's metrics without its config copy and adapter path: the config is the screen's, in screen.json) and prints the
-stages the cells were stored in (cells stored together, with their job's training and evaluation walls).
+Writes OUT_DIR/cells.csv (one row per cell: rates, training, answer lengths where the store holds the answers),
+OUT_DIR/cells/<cell>.json (each cell's metrics without its config copy and adapter path: the config is the screen's,
+in screen.json) and prints the stages the cells were stored in (cells stored together, with their job's training and
+evaluation walls).
 """
 
 from __future__ import annotations
